@@ -1,0 +1,37 @@
+"""devicehost: one host process for Kubernetes device plugins.
+
+Backends import the contract from here::
+
+    import devicehost
+
+    @devicehost.hookimpl
+    def devicehost_discover():
+        return [devicehost.Resource("example.com/widget", (devicehost.Device("w0"),))]
+"""
+
+from devicehost.hookspecs import (
+    ContainerAllocation,
+    Device,
+    DeviceSpec,
+    Health,
+    Mount,
+    PreferredAllocationRequest,
+    Resource,
+    ResourceNotifier,
+    hookimpl,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ContainerAllocation",
+    "Device",
+    "DeviceSpec",
+    "Health",
+    "Mount",
+    "PreferredAllocationRequest",
+    "Resource",
+    "ResourceNotifier",
+    "__version__",
+    "hookimpl",
+]

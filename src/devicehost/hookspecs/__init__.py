@@ -1,0 +1,38 @@
+"""The vendor contract: hook specifications, the data types they exchange, the kubelet's rules.
+
+A backend imports from here (or from :mod:`devicehost`) and nothing else of the host.
+"""
+
+from devicehost.hookspecs.spec import PROJECT_NAME, REQUIRED_HOOKS
+from devicehost.hookspecs.types import (
+    ContainerAllocation,
+    Device,
+    DeviceSpec,
+    Health,
+    Mount,
+    PreferredAllocationRequest,
+    Resource,
+    ResourceNotifier,
+)
+
+import pluggy
+
+ENTRY_POINT_GROUP = "devicehost.backends"
+
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+"""Marks a backend's hook implementations: ``@devicehost.hookimpl``."""
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PROJECT_NAME",
+    "REQUIRED_HOOKS",
+    "ContainerAllocation",
+    "Device",
+    "DeviceSpec",
+    "Health",
+    "Mount",
+    "PreferredAllocationRequest",
+    "Resource",
+    "ResourceNotifier",
+    "hookimpl",
+]

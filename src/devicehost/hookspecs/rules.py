@@ -1,0 +1,103 @@
+"""What the kubelet accepts: the checks the host runs before anything reaches the wire.
+
+Each function returns ``None`` when the value is fine, or one sentence naming the rule it
+breaks. Backends and their tests may call them too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from devicehost.hookspecs.types import ContainerAllocation
+
+MAX_DEVICE_ID_LENGTH = 63
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_CDI_KIND = re.compile(rf"{_DNS1123_SUBDOMAIN.pattern}/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
+
+
+def resource_name_problem(name: str) -> str | None:
+    """The kubelet's ``IsExtendedResourceName`` rule, as a reason when ``name`` breaks it."""
+    if name.count("/") != 1:
+        return f"resource name {name!r} must contain exactly one '/' (domain/name)"
+    if "kubernetes.io/" in name:
+        return f"resource name {name!r} must not be in the kubernetes.io domain"
+    if name.startswith("requests."):
+        return f"resource name {name!r} must not start with 'requests.'"
+    domain, short = name.split("/")
+    if len(domain) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(domain):
+        return f"resource name {name!r}: {domain!r} is not a DNS-1123 subdomain"
+    if len(short) > 63 or not _QUALIFIED_NAME.fullmatch(short):
+        return (
+            f"resource name {name!r}: {short!r} must be at most 63 characters of "
+            "[A-Za-z0-9-_.], starting and ending with a letter or digit"
+        )
+    return None
+
+
+def device_ids_problem(ids: Iterable[str]) -> str | None:
+    """Device IDs must be non-empty strings of at most 63 characters, unique in a resource."""
+    seen: set[str] = set()
+    for device_id in ids:
+        if not isinstance(device_id, str) or not device_id:
+            return f"device ID {device_id!r} must be a non-empty string"
+        if len(device_id) > MAX_DEVICE_ID_LENGTH:
+            return f"device ID {device_id[:20]!r}... is {len(device_id)} characters, more than 63"
+        if device_id in seen:
+            return f"device ID {device_id!r} appears more than once"
+        seen.add(device_id)
+    return None
+
+
+def cdi_name_problem(name: str) -> str | None:
+    """A CDI device name must be fully qualified: ``vendor.com/class=name``."""
+    kind, sep, device = name.partition("=")
+    if not sep or not _CDI_KIND.fullmatch(kind) or not _CDI_DEVICE_NAME.fullmatch(device):
+        return f"CDI device name {name!r} is not fully qualified (vendor.com/class=name)"
+    return None
+
+
+def allocation_problem(allocation: object) -> str | None:
+    """Check what ``devicehost_allocate`` returned before it is sent to the kubelet."""
+    if not isinstance(allocation, ContainerAllocation):
+        return f"returned {type(allocation).__name__}, expected ContainerAllocation"
+    for key, value in [*allocation.envs.items(), *allocation.annotations.items()]:
+        if not isinstance(key, str) or not isinstance(value, str) or not key:
+            return f"envs and annotations must map non-empty strings to strings, got {key!r}: {value!r}"
+    for mount in allocation.mounts:
+        for path in (mount.container_path, mount.host_path):
+            if not isinstance(path, str) or not path.startswith("/"):
+                return f"mount path {path!r} must be absolute"
+    for spec in allocation.devices:
+        for path in (spec.container_path, spec.host_path):
+            if not isinstance(path, str) or not path.startswith("/"):
+                return f"device path {path!r} must be absolute"
+        if not spec.permissions or set(spec.permissions) - set("rwm"):
+            return f"device permissions {spec.permissions!r} must be made of r, w and m"
+    for name in allocation.cdi_devices:
+        problem = cdi_name_problem(name)
+        if problem:
+            return problem
+    return None
+
+
+def preferred_allocation_problem(
+    answer: object, available: Iterable[str], must_include: Iterable[str], size: int
+) -> str | None:
+    """A preferred allocation holds ``size`` distinct available IDs, the must-include ones among them."""
+    if not isinstance(answer, (list, tuple)) or not all(isinstance(i, str) for i in answer):
+        return f"returned {type(answer).__name__}, expected a sequence of device IDs"
+    if len(set(answer)) != len(answer):
+        return f"returned duplicate device IDs {list(answer)}"
+    if len(answer) != size:
+        return f"returned {len(answer)} device IDs, the kubelet asked for {size}"
+    unknown = set(answer) - set(available)
+    if unknown:
+        return f"returned device IDs that were not available: {sorted(unknown)}"
+    missing = set(must_include) - set(answer)
+    if missing:
+        return f"left out device IDs that must be included: {sorted(missing)}"
+    return None

@@ -1,0 +1,127 @@
+"""The hooks a backend may implement.
+
+A backend is whatever its ``devicehost.backends`` entry point names: a module or an object
+with ``@devicehost.hookimpl`` functions. Each backend is called on its own: the host never
+mixes two backends' answers. Every hook is synchronous and is called in a worker thread with
+a timeout; an ``async def`` implementation is refused when the backend loads.
+
+Only ``devicehost_discover`` and ``devicehost_allocate`` are required. An implementation may
+take any subset of a hook's arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pluggy
+
+from devicehost.hookspecs.types import (
+    ContainerAllocation,
+    Device,
+    Health,
+    PreferredAllocationRequest,
+    Resource,
+    ResourceNotifier,
+)
+
+PROJECT_NAME = "devicehost"
+_hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+REQUIRED_HOOKS = ("devicehost_discover", "devicehost_allocate")
+
+
+@_hookspec
+def devicehost_configure(settings: Mapping[str, Any]) -> None:
+    """Receive this backend's settings, before the first discovery and again on every reload.
+
+    Raise ``ValueError`` with a message naming the setting when they are invalid: the backend
+    then keeps its previous settings (or, at start, is not loaded).
+
+    :param settings: the mapping under ``backends.<name>`` in the host config file,
+        empty when there is none.
+    """
+
+
+@_hookspec(firstresult=True)
+def devicehost_discover() -> Sequence[Resource] | None:
+    """Return the resources this backend offers now, each with its devices.
+
+    Called at start, at every rediscovery interval, on SIGHUP and when a notifier asks for it.
+    A resource missing from the answer is withdrawn from the kubelet; a new one is served and
+    registered. Stops at first non-None result.
+    """
+
+
+@_hookspec(firstresult=True)
+def devicehost_health(resource: str, devices: tuple[Device, ...]) -> Mapping[str, Health] | None:
+    """Return the current health of a resource's devices; called every health interval.
+
+    Devices left out of the answer keep their health, so a backend may return only what
+    changed. Health may go both ways: Unhealthy devices become allocatable again when a later
+    answer says Healthy. Stops at first non-None result.
+
+    :param resource: the extended resource name.
+    :param devices: the devices as the host currently advertises them.
+    """
+
+
+@_hookspec
+def devicehost_start(resource: str, notifier: ResourceNotifier) -> None:
+    """Prepare a resource before it is served and registered with the kubelet.
+
+    Keep ``notifier`` to push health or device-list changes from any thread (a watch thread
+    on driver events, say) instead of waiting for the next poll.
+
+    :param resource: the extended resource name.
+    :param notifier: pushes changes for this resource to the host; see ResourceNotifier.
+    """
+
+
+@_hookspec
+def devicehost_stop(resource: str) -> None:
+    """Release what ``devicehost_start`` took, after the resource was withdrawn.
+
+    Called once per started resource: when it leaves discovery, on reload, and on shutdown.
+
+    :param resource: the extended resource name.
+    """
+
+
+@_hookspec(firstresult=True)
+def devicehost_allocate(resource: str, device_ids: tuple[str, ...]) -> ContainerAllocation | None:
+    """Return what one container needs to use the given devices.
+
+    The host has checked that every ID belongs to the resource. Raise to fail the pod's
+    admission; the exception's message reaches the kubelet. Stops at first non-None result.
+
+    :param resource: the extended resource name.
+    :param device_ids: the IDs the kubelet allocated to this container.
+    """
+
+
+@_hookspec(firstresult=True)
+def devicehost_preferred_allocation(
+    resource: str, request: PreferredAllocationRequest
+) -> Sequence[str] | None:
+    """Pick ``request.size`` device IDs for one container (topology-aware packing, say).
+
+    Optional: implementing it makes the host advertise ``get_preferred_allocation_available``.
+    The answer must hold exactly ``request.size`` distinct IDs from ``request.available``,
+    including every one of ``request.must_include``. Stops at first non-None result.
+
+    :param resource: the extended resource name.
+    :param request: the kubelet's available, must-include and size.
+    """
+
+
+@_hookspec
+def devicehost_pre_start_container(resource: str, device_ids: tuple[str, ...]) -> None:
+    """Prepare devices right before a container that uses them starts (reset a GPU, say).
+
+    Optional: implementing it makes the host advertise ``pre_start_required``. Raise to fail
+    the container start.
+
+    :param resource: the extended resource name.
+    :param device_ids: the IDs allocated to the container.
+    """

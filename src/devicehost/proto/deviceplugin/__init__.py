@@ -1,0 +1,1 @@
+"""Generated code; see the .proto files beside it."""

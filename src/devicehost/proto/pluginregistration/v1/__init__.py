@@ -1,0 +1,1 @@
+"""Plugin registration API v1 (the kubelet's plugins_registry watcher path)."""
