@@ -32,7 +32,9 @@ def generate(out_dir: Path) -> None:
     for proto in proto_files():
         subprocess.run(
             [
-                sys.executable, "-m", "grpc_tools.protoc",
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
                 f"-I{SRC}",
                 f"--python_out={out_dir}",
                 f"--grpc_python_out={out_dir}",
@@ -62,9 +64,9 @@ def main() -> int:
         fresh = generated_files(out)
         if args.check:
             committed = generated_files(SRC)
-            drift = sorted(
-                str(p) for p in fresh ^ committed
-            ) + sorted(str(p) for p in fresh & committed if not filecmp.cmp(out / p, SRC / p, shallow=False))
+            drift = sorted(str(p) for p in fresh ^ committed) + sorted(
+                str(p) for p in fresh & committed if not filecmp.cmp(out / p, SRC / p, shallow=False)
+            )
             if drift:
                 print("generated code drifted from the .proto files; run `tox -e proto`:", file=sys.stderr)
                 for name in drift:

@@ -3,6 +3,8 @@
 A backend imports from here (or from :mod:`devicehost`) and nothing else of the host.
 """
 
+import pluggy
+
 from devicehost.hookspecs.spec import PROJECT_NAME, REQUIRED_HOOKS
 from devicehost.hookspecs.types import (
     ContainerAllocation,
@@ -14,8 +16,6 @@ from devicehost.hookspecs.types import (
     Resource,
     ResourceNotifier,
 )
-
-import pluggy
 
 ENTRY_POINT_GROUP = "devicehost.backends"
 

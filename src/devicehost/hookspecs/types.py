@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
-class Health(str, enum.Enum):
+class Health(enum.StrEnum):
     """A device's health as the kubelet understands it."""
 
     HEALTHY = "Healthy"

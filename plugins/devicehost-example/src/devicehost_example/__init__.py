@@ -52,10 +52,13 @@ class ExampleBackend:
     def devicehost_discover(self) -> list[Resource]:
         with self._lock:
             return [
-                Resource(name, tuple(
-                    Device(f"{name.split('/')[1]}-{n}", numa_nodes=(n % self._numa_nodes,))
-                    for n in range(count)
-                ))
+                Resource(
+                    name,
+                    tuple(
+                        Device(f"{name.split('/')[1]}-{n}", numa_nodes=(n % self._numa_nodes,))
+                        for n in range(count)
+                    ),
+                )
                 for name, count in self._resources.items()
             ]
 
