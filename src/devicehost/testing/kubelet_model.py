@@ -1,0 +1,94 @@
+"""What the kubelet stand-in reports: events, device lists, resource and allocation views."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from devicehost.proto.deviceplugin.v1beta1 import api_pb2
+
+HEALTHY = "Healthy"
+
+
+class EventKind(enum.StrEnum):
+    """What happened to a resource, as recorded in :attr:`KubeletStandIn.events`."""
+
+    REGISTERED = "registered"
+    REGISTER_FAILED = "register-failed"
+    REPLACED = "replaced"
+    DEVICES = "devices"
+    DISCONNECTED = "disconnected"
+    DEREGISTERED = "deregistered"
+
+
+class Event(NamedTuple):
+    """One event: ``(time.monotonic(), kind, resource, detail)``."""
+
+    at: float
+    kind: EventKind
+    resource: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """One device as the last ListAndWatch list described it."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the plugin reported it ``Healthy``."""
+        return self.health == HEALTHY
+
+    @classmethod
+    def from_proto(cls, device: api_pb2.Device) -> DeviceView:
+        """Convert a wire ``Device``."""
+        return cls(device.ID, device.health, tuple(node.ID for node in device.topology.nodes))
+
+
+@dataclass(frozen=True)
+class ListRecord:
+    """One ListAndWatch list as received, stamped with ``time.monotonic()``."""
+
+    at: float
+    devices: tuple[DeviceView, ...]
+
+
+@dataclass(frozen=True)
+class ResourceView:
+    """A snapshot of one resource as the kubelet sees it."""
+
+    name: str
+    endpoint: str
+    connected: bool
+    devices: tuple[DeviceView, ...]
+    options: api_pb2.DevicePluginOptions
+    registrations: int
+
+    @property
+    def total(self) -> int:
+        """Capacity: every device the plugin listed."""
+        return len(self.devices)
+
+    @property
+    def healthy(self) -> int:
+        """Allocatable: healthy devices while the stream is connected, else 0."""
+        return sum(d.healthy for d in self.devices) if self.connected else 0
+
+
+@dataclass(frozen=True)
+class AllocationResult:
+    """What :meth:`KubeletStandIn.allocate` chose and what the plugin answered."""
+
+    device_ids: tuple[str, ...]
+    response: api_pb2.AllocateResponse
+    preferred: tuple[str, ...] | None
+    pre_started: bool
+
+
+class AdmissionError(Exception):
+    """The kubelet would refuse the pod before or after asking the plugin."""
