@@ -90,30 +90,13 @@ class NvidiaBackend:
     @hookimpl
     def devicehost_discover(self) -> list[Resource]:
         with self._lock:
-            if not self._ensure_nvml():
-                return []
-            settings, previous = self._settings, self._inventory
-            inventory: Inventory | None
-            try:
-                inventory = discover(
-                    self._nvml,
-                    sysfs_root=settings.sysfs_root,
-                    strategy=settings.device_id_strategy,
-                    replicas=settings.replicas,
-                )
-            except NvmlError as error:
-                _log.error(
-                    "nvidia_discovery_failed", detail=str(error), keeping_previous=previous is not None
-                )
-                inventory = previous
+            inventory = self._refresh()
             if inventory is None:
                 return []
-            if previous is None or previous.gpus != inventory.gpus:
-                log_gpus(inventory, self._nvml.driver_version())
-            self._inventory = inventory
-            watcher = self._watchers.get(settings.resource_name)
+            resource = self._settings.resource_name
+            watcher = self._watchers.get(resource)
         if watcher is not None and watcher.uuids != {gpu.uuid for gpu in inventory.gpus}:
-            watcher = self._restart_watcher(settings.resource_name, watcher)
+            watcher = self._restart_watcher(resource, watcher)
         health = watcher.current() if watcher is not None else {}
         devices = tuple(
             Device(
@@ -123,17 +106,39 @@ class NvidiaBackend:
             )
             for device_id, gpu in inventory.gpu_of.items()
         )
-        return [Resource(settings.resource_name, devices)]
+        return [Resource(resource, devices)]
+
+    def _refresh(self) -> Inventory | None:
+        """Discover the GPUs again (lock held); on an NVML error keep what was found before."""
+        if not self._ensure_nvml():
+            return None
+        settings, previous = self._settings, self._inventory
+        inventory: Inventory | None
+        try:
+            inventory = discover(
+                self._nvml,
+                sysfs_root=settings.sysfs_root,
+                strategy=settings.device_id_strategy,
+                replicas=settings.replicas,
+            )
+        except NvmlError as error:
+            _log.error("nvidia_discovery_failed", detail=str(error), keeping_previous=previous is not None)
+            inventory = previous
+        if inventory is not None and (previous is None or previous.gpus != inventory.gpus):
+            log_gpus(inventory, self._nvml.driver_version())
+        self._inventory = inventory
+        return inventory
 
     @hookimpl
     def devicehost_start(self, resource: str, notifier: ResourceNotifier) -> None:
         with self._lock:
-            if resource != self._settings.resource_name or self._inventory is None:
+            inventory = self._inventory or self._refresh()
+            if resource != self._settings.resource_name or inventory is None:
                 return
             self._notifiers[resource] = notifier
             if not self._settings.health_checks or resource in self._watchers:
                 return
-            watcher = self._new_watcher(resource, self._inventory, None)
+            watcher = self._new_watcher(resource, inventory, None)
             self._watchers[resource] = watcher
         watcher.start()
 
@@ -179,7 +184,7 @@ class NvidiaBackend:
 
     def _checked(self, resource: str, device_ids: Sequence[str]) -> tuple[Inventory, Settings]:
         """The inventory and settings, once every ID is known; ValueError naming the others."""
-        inventory = self._inventory
+        inventory = self._inventory or self._refresh()
         if resource != self._settings.resource_name or inventory is None:
             raise ValueError(f"the nvidia backend does not serve {resource!r}")
         unknown = sorted({i for i in device_ids if i not in inventory.gpu_of})

@@ -53,10 +53,15 @@ def fake_gpus(count: int, numa_nodes: int = 1) -> list[FakeGpu]:
 
 
 class _FakeEventSet:
+    """Counts an event as handled once the watcher asks for the next one (its loop is sequential)."""
+
     def __init__(self, owner: FakeNvml) -> None:
         self._owner = owner
         self.uuids: set[str] = set()
-        self.queue: queue.Queue[GpuEvent] = queue.Queue()
+        self._queue: queue.Queue[GpuEvent] = queue.Queue()
+        self._settled = threading.Condition()
+        self._pending = 0
+        self._handing_out = False
 
     def register(self, uuid: str) -> None:
         gpu = self._owner.gpu(uuid)
@@ -64,11 +69,28 @@ class _FakeEventSet:
             raise NvmlError(f"GPU {uuid} does not report events", NOT_SUPPORTED)
         self.uuids.add(uuid)
 
+    def put(self, event: GpuEvent) -> None:
+        with self._settled:
+            self._pending += 1
+        self._queue.put(event)
+
     def wait(self, timeout_ms: int) -> GpuEvent | None:
+        with self._settled:
+            if self._handing_out:
+                self._pending -= 1
+                self._handing_out = False
+                self._settled.notify_all()
         try:
-            return self.queue.get(timeout=timeout_ms / 1000)
+            event = self._queue.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             return None
+        with self._settled:
+            self._handing_out = True
+        return event
+
+    def settled(self, timeout: float) -> bool:
+        with self._settled:
+            return self._settled.wait_for(lambda: self._pending == 0, timeout=timeout)
 
     def close(self) -> None:
         self._owner.forget(self)
@@ -149,7 +171,13 @@ class FakeNvml:
                 s for s in self._event_sets if uuid is None or uuid in s.uuids
             ]
         for event_set in targets:
-            event_set.queue.put(GpuEvent(uuid, kind, data))
+            event_set.put(GpuEvent(uuid, kind, data))
+
+    def wait_handled(self, timeout: float = 5.0) -> bool:
+        """Wait until every injected event was handled (the watcher asked for the next one)."""
+        with self._lock:
+            event_sets = list(self._event_sets)
+        return all(event_set.settled(timeout) for event_set in event_sets)
 
     @property
     def open_event_sets(self) -> int:
