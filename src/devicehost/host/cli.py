@@ -1,0 +1,203 @@
+"""The ``devicehost`` command: ``run`` the daemon, list ``backends``.
+
+Heavy imports (grpc, the generated code) happen inside the commands, so ``--help`` is quick and
+``run`` reaches its first registration as early as it can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML config file (env DEVICEHOST_CONFIG)")
+    parser.add_argument(
+        "--backend",
+        dest="enabled_backends",
+        action="append",
+        metavar="NAME",
+        help="load only this backend; repeatable (env DEVICEHOST_BACKENDS=a,b)",
+    )
+    parser.add_argument(
+        "--disable",
+        dest="disabled_backends",
+        action="append",
+        metavar="NAME",
+        help="never load this backend; repeatable (env DEVICEHOST_DISABLED_BACKENDS=a,b)",
+    )
+    parser.add_argument(
+        "--hook-timeout", type=float, metavar="SECONDS", help="seconds a backend hook may run (default 10)"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="lowest level logged (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        help="json off a terminal, console on one (default auto)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="devicehost", description="One host process for Kubernetes device plugins."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="serve every backend's resources to the kubelet")
+    _add_config_options(run)
+    run.add_argument(
+        "--device-plugins-dir",
+        type=Path,
+        metavar="DIR",
+        help="the kubelet's device-plugins dir (default /var/lib/kubelet/device-plugins; "
+        "env DEVICEHOST_DEVICE_PLUGINS_DIR)",
+    )
+    run.add_argument(
+        "--rediscover-interval", type=float, metavar="SECONDS", help="seconds between discoveries"
+    )
+    run.add_argument("--health-interval", type=float, metavar="SECONDS", help="seconds between health polls")
+    run.add_argument(
+        "--simulate-kubelet",
+        action="store_true",
+        help="run a built-in kubelet stand-in in a temporary dir and show what it sees",
+    )
+
+    backends = commands.add_parser("backends", help="list installed backends, their status and resources")
+    _add_config_options(backends)
+    return parser
+
+
+def _cli_values(args: argparse.Namespace) -> dict[str, Any]:
+    keys = (
+        "device_plugins_dir",
+        "enabled_backends",
+        "disabled_backends",
+        "rediscover_interval",
+        "health_interval",
+        "hook_timeout",
+        "log_level",
+        "log_format",
+    )
+    return {key: getattr(args, key, None) for key in keys}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from devicehost.host.config import ConfigError, build_config
+
+    def load() -> Any:
+        return build_config(args.config, _cli_values(args))
+
+    try:
+        config = load()
+    except ConfigError as exc:
+        print(f"devicehost: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "backends":
+        return _backends_command(config)
+    return _run_command(config, load, simulate=args.simulate_kubelet)
+
+
+def _load(config: Any) -> Any:
+    """Load backends or explain why not; returns the statuses or an exit code."""
+    from devicehost.host.loader import UnknownBackendError, load_backends
+
+    try:
+        return load_backends(config.enabled_backends, config.disabled_backends, config.hook_timeout)
+    except UnknownBackendError as exc:
+        print(f"devicehost: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_command(config: Any, reload_config: Any, simulate: bool) -> int:
+    from devicehost.host.logs import configure_logging
+
+    configure_logging(config.log_level, config.log_format)
+    statuses = _load(config)
+    if isinstance(statuses, int):
+        return statuses
+    backends = [s.backend for s in statuses if s.backend is not None]
+    if not backends:
+        print("devicehost: no backend could be loaded; `devicehost backends` says why", file=sys.stderr)
+        return EXIT_FAILED
+    if simulate:
+        from devicehost.host.simulate import run_simulated
+
+        code: int = asyncio.run(run_simulated(config, backends))
+    else:
+        from devicehost.host.daemon import Host, install_signal_handlers
+        from devicehost.host.sockets import SocketDirError, check_socket_dir
+
+        try:
+            check_socket_dir(config.device_plugins_dir)
+        except SocketDirError as exc:
+            print(f"devicehost: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+
+        async def serve() -> int:
+            host = Host(config, backends, reload_config)
+            install_signal_handlers(host, lambda: os._exit(EXIT_FAILED))
+            await host.run()
+            return EXIT_OK
+
+        code = asyncio.run(serve())
+    if any(b.busy for b in backends):  # hook threads that never returned must not hold the exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _backends_command(config: Any) -> int:
+    from devicehost.host.logs import configure_logging
+
+    configure_logging("error", config.log_format, sys.stderr)
+    statuses = _load(config)
+    if isinstance(statuses, int):
+        return statuses
+    if not statuses:
+        print("no backends installed (entry point group devicehost.backends)")
+        return EXIT_OK
+
+    async def discover(backend: Any) -> str:
+        from devicehost.host.backend import HookError
+
+        try:
+            if backend.implements("devicehost_configure"):
+                await backend.configure(config.backends.get(backend.name, {}))
+            resources = await backend.discover()
+        except HookError as exc:
+            return f"    discovery failed: {exc}"
+        if not resources:
+            return "    no resources"
+        return "\n".join(
+            f"    {r.name}: {len(r.devices)} devices ({sum(d.health == 'Healthy' for d in r.devices)} healthy)"
+            for r in resources
+        )
+
+    for status in statuses:
+        where = f"{status.distribution or '?'} {status.version or '?'}"
+        if status.disabled:
+            state = "disabled"
+        elif status.error:
+            state = f"FAILED: {status.error}"
+        else:
+            state = "loaded"
+        print(f"{status.name}  ({where}, {status.target})  {state}")
+        if status.backend is not None:
+            print(asyncio.run(discover(status.backend)))
+            status.backend.close()
+    return EXIT_OK

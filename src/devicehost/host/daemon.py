@@ -1,0 +1,237 @@
+"""The host: configure backends, discover their resources, keep one ResourceServer per resource.
+
+Discovery runs at start, every ``rediscover_interval``, on SIGHUP and when a backend asks for
+it. Each run reconciles: new resources are started, served and registered; resources that
+left discovery are withdrawn; the device lists of the others are updated in place. A backend
+whose discovery fails keeps what it had; a resource that breaks the kubelet's rules is refused
+with the rule named, and the rest go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from devicehost.hookspecs import rules
+from devicehost.hookspecs.types import Resource
+from devicehost.host.backend import Backend, HookError
+from devicehost.host.config import ConfigError, HostConfig
+from devicehost.host.kubelet import KubeletClient, KubeletWatcher
+from devicehost.host.resource import ResourceServer
+from devicehost.host.sockets import new_token, remove_stale
+
+log = structlog.get_logger(__name__)
+
+
+class Host:
+    """Runs every loaded backend's resources until told to stop."""
+
+    def __init__(
+        self,
+        config: HostConfig,
+        backends: Sequence[Backend],
+        reload_config: Callable[[], HostConfig] | None = None,
+    ) -> None:
+        self.config = config
+        self.backends = {b.name: b for b in backends}
+        self.resources: dict[str, ResourceServer] = {}
+        self.token = new_token()
+        self.watcher = KubeletWatcher(config.device_plugins_dir)
+        self._reload_config = reload_config
+        self._client = KubeletClient(self.watcher, config.register_timeout)
+        self._configured: set[str] = set()
+        self._wake = asyncio.Event()
+        self._reload_requested = False
+        self.stopping = asyncio.Event()
+        self.discoveries = 0
+
+    def request_rediscovery(self) -> None:
+        """Run discovery now (thread-unsafe: call on the loop)."""
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        """Re-read the configuration, then rediscover (SIGHUP)."""
+        self._reload_requested = True
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Serve until :meth:`request_stop`; then withdraw every resource."""
+        removed = remove_stale(self.config.device_plugins_dir)
+        if removed:
+            log.info("removed stale sockets of an earlier host", sockets=removed)
+        watch = asyncio.create_task(self.watcher.run(), name="kubelet watcher")
+        try:
+            await self._configure_all()
+            while not self.stopping.is_set():
+                if self._reload_requested:
+                    self._reload_requested = False
+                    await self._reload()
+                await self.reconcile()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.config.rediscover_interval)
+        finally:
+            await self.shutdown()
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def shutdown(self) -> None:
+        """Withdraw every resource (sockets removed, stop hooks called) and close the backends."""
+        servers = list(self.resources.values())
+        self.resources.clear()
+        await asyncio.gather(*(s.stop() for s in servers), return_exceptions=True)
+        await self._client.close()
+        for backend in self.backends.values():
+            backend.close()
+
+    async def _configure_all(self) -> None:
+        for name, backend in list(self.backends.items()):
+            if not await self._configure(backend):
+                del self.backends[name]
+
+    async def _configure(self, backend: Backend) -> bool:
+        settings = self.config.backends.get(backend.name, {})
+        if not backend.implements("devicehost_configure"):
+            return True
+        try:
+            await backend.configure(settings)
+        except HookError as exc:
+            log.error("backend settings refused", backend=backend.name, error=str(exc))
+            return False
+        return True
+
+    async def _reload(self) -> None:
+        if self._reload_config is None:
+            return
+        try:
+            new = self._reload_config()
+        except ConfigError as exc:
+            log.error("new configuration refused, keeping the current one", error=str(exc))
+            return
+        old, self.config = self.config, new
+        for backend in self.backends.values():
+            if old.backends.get(backend.name) != new.backends.get(backend.name):
+                await self._configure(backend)
+        log.info("configuration reloaded")
+
+    async def reconcile(self) -> None:
+        """Discover every backend once and bring the served resources in line."""
+        self.discoveries += 1
+        backends = list(self.backends.values())
+        answers = await asyncio.gather(*(self._discover(b) for b in backends))
+        wanted: dict[str, tuple[Backend, Resource]] = {}
+        failed: set[str] = set()
+        for backend, resources in zip(backends, answers, strict=True):
+            if resources is None:
+                failed.add(backend.name)
+                continue
+            for resource in resources:
+                if self._acceptable(backend, resource, wanted):
+                    wanted[resource.name] = (backend, resource)
+        stale = [
+            server
+            for name, server in self.resources.items()
+            if name not in wanted and server.backend.name not in failed
+        ]
+        fresh = [(b, r) for name, (b, r) in wanted.items() if name not in self.resources]
+        for name, (_, resource) in wanted.items():
+            if name in self.resources:
+                self.resources[name].apply_devices(resource.devices)
+        await asyncio.gather(*(self._withdraw(server) for server in stale))
+        await asyncio.gather(*(self._add(backend, resource) for backend, resource in fresh))
+
+    async def _discover(self, backend: Backend) -> list[Resource] | None:
+        try:
+            return await backend.discover()
+        except HookError as exc:
+            log.error(
+                "discovery failed, keeping this backend's resources as they are",
+                backend=backend.name,
+                error=str(exc),
+            )
+            return None
+
+    def _acceptable(
+        self, backend: Backend, resource: Resource, wanted: dict[str, tuple[Backend, Resource]]
+    ) -> bool:
+        problem = (
+            rules.resource_name_problem(resource.name)
+            if isinstance(resource.name, str)
+            else "name is not a string"
+        )
+        if problem is None:
+            problem = rules.device_ids_problem(d.id for d in resource.devices)
+        if problem is None and resource.name in wanted:
+            problem = (
+                f"resource {resource.name!r} is already offered by backend {wanted[resource.name][0].name!r}"
+            )
+        current = self.resources.get(resource.name)
+        if problem is None and current is not None and current.backend is not backend:
+            problem = f"resource {resource.name!r} is already served for backend {current.backend.name!r}"
+        if problem is None:
+            return True
+        log.error(
+            "resource refused", backend=backend.name, resource=str(resource.name)[:300], problem=problem
+        )
+        if current is not None and current.backend is backend:
+            wanted[resource.name] = (backend, Resource(resource.name, current.table.devices))
+        return False
+
+    async def _add(self, backend: Backend, resource: Resource) -> None:
+        server = ResourceServer(
+            backend,
+            resource,
+            directory=self.config.device_plugins_dir,
+            token=self.token,
+            socket_mode=self.config.socket_mode,
+            health_interval=self.config.health_interval,
+            watcher=self.watcher,
+            client=self._client,
+            request_rediscovery=self.request_rediscovery,
+        )
+        try:
+            await server.start()
+        except HookError as exc:
+            log.error(
+                "start hook failed, resource not served",
+                backend=backend.name,
+                resource=resource.name,
+                error=str(exc),
+            )
+            return
+        except Exception as exc:
+            log.error(
+                "resource could not be served", backend=backend.name, resource=resource.name, error=str(exc)
+            )
+            await server.stop()
+            return
+        self.resources[resource.name] = server
+
+    async def _withdraw(self, server: ResourceServer) -> None:
+        self.resources.pop(server.name, None)
+        await server.stop()
+
+
+def install_signal_handlers(host: Host, on_forced_exit: Callable[[], None]) -> None:
+    """SIGTERM/SIGINT stop the host (a second one forces the exit); SIGHUP reloads."""
+    loop = asyncio.get_running_loop()
+
+    def on_stop(sig: signal.Signals) -> None:
+        if host.stopping.is_set():
+            log.error("second signal, exiting without cleaning up", signal=sig.name)
+            on_forced_exit()
+        log.info("stopping", signal=sig.name)
+        host.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop, sig)
+    loop.add_signal_handler(signal.SIGHUP, host.request_reload)

@@ -1,0 +1,150 @@
+"""The kubelet as the host sees it: ``kubelet.sock`` (which inode, if any) and the Register call.
+
+:class:`KubeletWatcher` follows the device-plugins dir with inotify (and a slow poll as a safety
+net for a dir that is deleted and recreated) and tells subscribers when ``kubelet.sock`` gets a
+new inode or a file they own disappears. :class:`KubeletClient` keeps one channel per
+``kubelet.sock`` inode: a channel to a restarted kubelet's old socket would wait out gRPC's
+reconnect backoff, a fresh one connects at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import structlog
+from asyncinotify import Inotify, Mask
+
+from devicehost.host.sockets import KUBELET_SOCKET, inode_of
+from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+API_VERSION = "v1beta1"
+POLL_INTERVAL = 2.0
+_WATCH_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF
+_CHANNEL_OPTIONS = [
+    ("grpc.default_authority", "localhost"),
+    ("grpc.enable_retries", 0),
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+
+
+class KubeletWatcher:
+    """Follows ``kubelet.sock`` and the files of the device-plugins dir."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.kubelet_socket = directory / KUBELET_SOCKET
+        self.inode: int | None = inode_of(self.kubelet_socket)
+        self._present = asyncio.Event()
+        self._subscribers: set[Callable[[], None]] = set()
+        if self.inode is not None:
+            self._present.set()
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the loop) after any change in the dir."""
+        self._subscribers.add(callback)
+
+    def unsubscribe(self, callback: Callable[[], None]) -> None:
+        self._subscribers.discard(callback)
+
+    async def wait_present(self) -> int:
+        """Wait until ``kubelet.sock`` exists; return its inode."""
+        while self.inode is None:
+            await self._present.wait()
+        return self.inode
+
+    def refresh(self) -> None:
+        """Look at the dir again and tell every subscriber."""
+        inode = inode_of(self.kubelet_socket)
+        if inode != self.inode:
+            log.info("kubelet socket changed", present=inode is not None, inode=inode)
+            self.inode = inode
+            if inode is None:
+                self._present.clear()
+            else:
+                self._present.set()
+        for callback in list(self._subscribers):
+            callback()
+
+    async def run(self) -> None:
+        """Watch until cancelled."""
+        while True:
+            try:
+                with Inotify() as inotify:
+                    inotify.add_watch(self.directory, _WATCH_MASK)
+                    self.refresh()
+                    await self._follow(inotify)
+            except OSError as exc:
+                log.warning(
+                    "cannot watch the device-plugins dir, polling", dir=str(self.directory), error=str(exc)
+                )
+                self.refresh()
+                await asyncio.sleep(POLL_INTERVAL)
+
+    async def _follow(self, inotify: Inotify) -> None:
+        """Refresh on every batch of events, and every POLL_INTERVAL; return if the dir goes."""
+        while True:
+            try:
+                event = await asyncio.wait_for(inotify.get(), POLL_INTERVAL)
+            except TimeoutError:
+                self.refresh()
+                continue
+            gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))
+            self.refresh()
+            if gone:
+                log.warning(
+                    "device-plugins dir was removed; waiting for it to come back", dir=str(self.directory)
+                )
+                return
+
+
+class RegisterError(Exception):
+    """The kubelet refused or did not answer a Register call."""
+
+
+class KubeletClient:
+    """Register calls to the kubelet, over a channel that follows ``kubelet.sock``'s inode."""
+
+    def __init__(self, watcher: KubeletWatcher, timeout: float) -> None:
+        self._watcher = watcher
+        self._timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+        self._channel_inode: int | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def _stub(self) -> api_pb2_grpc.RegistrationAsyncStub:
+        inode = self._watcher.inode
+        if self._channel is None or inode != self._channel_inode:
+            if self._channel is not None:
+                task = asyncio.get_running_loop().create_task(self._channel.close(None))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            target = f"unix://{self._watcher.kubelet_socket}"
+            self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            self._channel_inode = inode
+        return api_pb2_grpc.RegistrationStub(self._channel)
+
+    async def register(self, resource: str, endpoint: str, options: api_pb2.DevicePluginOptions) -> None:
+        """Register ``resource`` served at ``endpoint`` (a file name in the device-plugins dir)."""
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION, endpoint=endpoint, resource_name=resource, options=options
+        )
+        try:
+            await self._stub().Register(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            detail = exc.details() or ""
+            raise RegisterError(f"{exc.code().name}: {detail}".rstrip(": ")) from None
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close(None)
+            self._channel = None
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,260 @@
+"""One resource's life: started by its backend, served on its own socket, kept registered.
+
+The supervisor task of a :class:`ResourceServer` is the re-register loop: it serves the socket
+again if the kubelet removed it, waits for ``kubelet.sock``, ends any old ListAndWatch stream
+(so the kubelet sees it end before the new registration), registers, and then sleeps until
+``kubelet.sock`` changes inode, the socket disappears, or the kubelet drops the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+
+from devicehost.hookspecs import rules
+from devicehost.hookspecs.types import Device, Health, Resource
+from devicehost.host.backend import Backend, HookError
+from devicehost.host.device_table import DeviceTable
+from devicehost.host.kubelet import KubeletClient, KubeletWatcher, RegisterError
+from devicehost.host.servicer import DevicePluginServicer
+from devicehost.host.sockets import inode_of, remove_own, socket_name
+from devicehost.proto.deviceplugin.v1beta1 import api_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+BACKOFF_INITIAL = 0.05
+BACKOFF_MAX = 5.0
+SERVER_STOP_GRACE = 0.5
+
+
+class Notifier:
+    """The :class:`devicehost.ResourceNotifier` handed to a backend: thread-safe, fire and forget."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, server: ResourceServer) -> None:
+        self._loop = loop
+        self._server = server
+        self._closed = False
+
+    def set_health(self, health: Mapping[str, Health]) -> None:
+        self._post(self._server.apply_health, dict(health))
+
+    def set_devices(self, devices: Sequence[Device]) -> None:
+        self._post(self._server.apply_devices, tuple(devices))
+
+    def rediscover(self) -> None:
+        self._post(self._server.request_rediscovery)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _post(self, function: Callable[..., None], *args: Any) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the host is gone
+            self._loop.call_soon_threadsafe(function, *args)
+
+
+class ResourceServer:
+    """Serves and registers one resource of one backend."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        resource: Resource,
+        *,
+        directory: Path,
+        token: str,
+        socket_mode: int,
+        health_interval: float,
+        watcher: KubeletWatcher,
+        client: KubeletClient,
+        request_rediscovery: Callable[[], None],
+    ) -> None:
+        self.backend = backend
+        self.name = resource.name
+        self.table = DeviceTable(resource.devices)
+        self.directory = directory
+        self.socket_name = socket_name(resource.name, token, directory)
+        self.health_interval = health_interval
+        self.registrations = 0
+        self.last_registration_seconds: float | None = None
+        self._token = token
+        self._socket_mode = socket_mode
+        self._watcher = watcher
+        self._client = client
+        self._request_rediscovery = request_rediscovery
+        self._server: grpc.aio.Server | None = None
+        self._inode: int | None = None
+        self._registered_inode: int | None = None
+        self._stream_lost = False
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._notifier = Notifier(asyncio.get_running_loop(), self)
+        self.servicer = DevicePluginServicer(backend, resource.name, self.table, self._on_stream_lost)
+        self._log = log.bind(resource=self.name, backend=backend.name)
+
+    @property
+    def path(self) -> Path:
+        return self.directory / self.socket_name
+
+    @property
+    def registered(self) -> bool:
+        """Registered with the current kubelet and streaming to it."""
+        return (
+            self._registered_inode is not None
+            and self._registered_inode == self._watcher.inode
+            and self.servicer.open_streams > 0
+        )
+
+    async def start(self) -> None:
+        """Call the backend's start hook, serve the socket, and begin registering."""
+        with structlog.contextvars.bound_contextvars(resource=self.name, backend=self.backend.name):
+            await self.backend.start(self.name, self._notifier)
+            await self._serve()
+            self._tasks.append(asyncio.create_task(self._supervise(), name=f"register {self.name}"))
+            if self.backend.implements("devicehost_health"):
+                self._tasks.append(asyncio.create_task(self._poll_health(), name=f"health {self.name}"))
+        self._watcher.subscribe(self._on_dir_change)
+
+    async def stop(self) -> None:
+        """Withdraw: stop registering, end streams, stop serving, remove the socket, call stop."""
+        self._watcher.unsubscribe(self._on_dir_change)
+        self._notifier.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_server()
+        try:
+            await self.backend.stop(self.name)
+        except HookError as exc:
+            self._log.error("stop hook failed", error=str(exc))
+        self._log.info("withdrawn")
+
+    def apply_devices(self, devices: tuple[Device, ...]) -> None:
+        """Take a new device list from discovery or the backend's notifier, if it is valid."""
+        if not all(isinstance(d, Device) for d in devices):
+            self._log.error("device list refused: items must be devicehost.Device")
+            return
+        problem = rules.device_ids_problem(d.id for d in devices)
+        if problem:
+            self._log.error("device list refused, keeping the previous one", problem=problem)
+            return
+        if self.table.replace(devices):
+            self._log.info("devices changed", devices=len(devices), healthy=self.table.healthy_count())
+
+    def apply_health(self, health: Mapping[str, Any]) -> None:
+        """Take health values from the backend's notifier or health hook."""
+        try:
+            values = {str(k): Health(v) for k, v in health.items()}
+        except ValueError as exc:
+            self._log.error("health update refused", problem=str(exc))
+            return
+        if self.table.set_health(values):
+            self._log.info(
+                "health changed", healthy=self.table.healthy_count(), devices=len(self.table.devices)
+            )
+
+    def request_rediscovery(self) -> None:
+        self._request_rediscovery()
+
+    def _on_stream_lost(self, epoch: int) -> None:
+        """A stream of the current registration ended on the kubelet's side: register again."""
+        if epoch == self.servicer.epoch:
+            self._stream_lost = True
+            self._wake.set()
+
+    def _on_dir_change(self) -> None:
+        if inode_of(self.path) != self._inode or self._watcher.inode != self._registered_inode:
+            self._wake.set()
+
+    async def _serve(self) -> None:
+        """Start a gRPC server on a fresh socket file (never over a file we did not create)."""
+        attempt = 0
+        while inode_of(self.path) is not None:
+            attempt += 1
+            taken = self.path
+            self.socket_name = socket_name(self.name, f"{self._token}{attempt}", self.directory)
+            self._log.warning(
+                "socket path is taken by a file we did not create", path=str(taken), using=str(self.path)
+            )
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix:{self.path}")
+        await server.start()
+        os.chmod(self.path, self._socket_mode)
+        self._server = server
+        self._inode = inode_of(self.path)
+        self._log.info("serving", socket=str(self.path))
+
+    async def _stop_server(self) -> None:
+        await self.servicer.end_streams()
+        if self._server is not None:
+            await self._server.stop(SERVER_STOP_GRACE)
+            self._server = None
+        remove_own(self.path, self._inode)
+        self._inode = None
+
+    async def _supervise(self) -> None:
+        """The re-register loop; runs until the resource is withdrawn."""
+        delay = BACKOFF_INITIAL
+        reason = "start"
+        while True:
+            self._wake.clear()
+            if inode_of(self.path) != self._inode:
+                self._log.info("socket was removed, serving again")
+                await self._stop_server()
+                await self._serve()
+                reason = "socket removed"
+            kubelet = self._watcher.inode
+            if kubelet is None:
+                self._log.info("waiting for the kubelet", socket=str(self._watcher.kubelet_socket))
+                await self._watcher.wait_present()
+                reason = "kubelet appeared"
+                continue
+            if kubelet == self._registered_inode and not self._stream_lost:
+                await self._wake.wait()
+                reason = "kubelet restarted" if self._watcher.inode != kubelet else "stream lost"
+                continue
+            if self._stream_lost:
+                reason = "stream lost"
+            await self.servicer.end_streams()
+            self._stream_lost = False
+            self.servicer.epoch += 1
+            started = time.monotonic()
+            try:
+                await self._client.register(self.name, self.socket_name, self.servicer.options)
+            except RegisterError as exc:
+                self._registered_inode = None
+                self._log.warning("register failed", error=str(exc), retry_in=round(delay, 3))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                delay = min(delay * 2, BACKOFF_MAX)
+                continue
+            delay = BACKOFF_INITIAL
+            self._registered_inode = kubelet
+            self.registrations += 1
+            self.last_registration_seconds = time.monotonic() - started
+            self._log.info(
+                "registered",
+                reason=reason,
+                registrations=self.registrations,
+                took_ms=round(self.last_registration_seconds * 1000, 2),
+            )
+
+    async def _poll_health(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            try:
+                health = await self.backend.health(self.name, self.table.devices)
+            except HookError as exc:
+                self._log.error("health hook failed", error=str(exc))
+                continue
+            self.apply_health(health)

@@ -1,0 +1,223 @@
+"""The DevicePlugin gRPC servicer of one resource.
+
+It answers the kubelet from the resource's :class:`DeviceTable` and its backend's hooks. Bad
+requests get INVALID_ARGUMENT naming the IDs; a hook that raises gets UNKNOWN naming the backend
+and the exception, one that hangs DEADLINE_EXCEEDED, one that answers nonsense INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, NoReturn
+
+import grpc
+import structlog
+
+from devicehost.hookspecs import rules
+from devicehost.hookspecs.types import PreferredAllocationRequest
+from devicehost.host import wire
+from devicehost.host.backend import Backend, BackendBusy, HookError, HookTimeout
+from devicehost.host.device_table import DeviceTable
+from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+MIN_PUSH_INTERVAL = 0.02
+"""Seconds between two ListAndWatch messages on one stream: a flapping device costs the kubelet at
+most 50 updates a second, and the last state always goes out."""
+
+STREAM_END_WAIT = 1.0
+
+
+class _Stream:
+    """One open ListAndWatch stream, opened during registration ``epoch``."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.ending = False
+        self.done = asyncio.Event()
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    """Serves one resource of one backend."""
+
+    def __init__(
+        self, backend: Backend, resource: str, table: DeviceTable, on_stream_lost: Callable[[int], None]
+    ) -> None:
+        self.backend = backend
+        self.resource = resource
+        self.table = table
+        self._on_stream_lost = on_stream_lost
+        self.epoch = 0
+        """Bumped by the resource before each Register: streams opened since belong to it."""
+        self._streams: set[_Stream] = set()
+        self.options = api_pb2.DevicePluginOptions(
+            pre_start_required=backend.implements("devicehost_pre_start_container"),
+            get_preferred_allocation_available=backend.implements("devicehost_preferred_allocation"),
+        )
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    async def end_streams(self) -> None:
+        """End every open ListAndWatch stream and wait (briefly) until each has ended."""
+        streams = list(self._streams)
+        for stream in streams:
+            stream.ending = True
+        self.table.wake_all()
+        if streams:
+            await asyncio.wait(
+                [asyncio.ensure_future(s.done.wait()) for s in streams], timeout=STREAM_END_WAIT
+            )
+
+    async def GetDevicePluginOptions(
+        self,
+        request: api_pb2.Empty,
+        context: Context,
+    ) -> api_pb2.DevicePluginOptions:
+        return self.options
+
+    async def ListAndWatch(
+        self,
+        request: api_pb2.Empty,
+        context: Context,
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        stream = _Stream(self.epoch)
+        self._streams.add(stream)
+        log.info("ListAndWatch stream opened", streams=len(self._streams))
+        sent_version = -1
+        last_sent = 0.0
+        try:
+            while not stream.ending:
+                if self.table.version != sent_version:
+                    pause = last_sent + MIN_PUSH_INTERVAL - time.monotonic()
+                    if pause > 0:
+                        await asyncio.sleep(pause)
+                        continue
+                    sent_version = self.table.version
+                    last_sent = time.monotonic()
+                    yield self.table.message()
+                    continue
+                await self.table.wait_for_change(sent_version)
+        finally:
+            self._streams.discard(stream)
+            stream.done.set()
+            if not stream.ending:
+                log.warning("ListAndWatch stream ended by the kubelet")
+                self._on_stream_lost(stream.epoch)
+
+    async def Allocate(
+        self,
+        request: api_pb2.AllocateRequest,
+        context: Context,
+    ) -> api_pb2.AllocateResponse:
+        if not request.container_requests:
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "AllocateRequest has no container requests"
+            )
+        responses = []
+        for container in request.container_requests:
+            ids = tuple(container.devices_ids)
+            await self._check_ids(context, ids)
+            try:
+                allocation = await self.backend.allocate(self.resource, ids)
+            except HookError as exc:
+                await _abort_hook(context, exc)
+            problem = rules.allocation_problem(allocation)
+            if problem:
+                await self._abort_answer(context, "devicehost_allocate", problem)
+            responses.append(wire.container_allocation(allocation))
+            log.info("allocated", devices=list(ids))
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: Context,
+    ) -> api_pb2.PreferredAllocationResponse:
+        if not self.backend.implements("devicehost_preferred_allocation"):
+            await _abort(
+                context, grpc.StatusCode.UNIMPLEMENTED, f"{self.resource} has no preferred allocation"
+            )
+        responses = []
+        for container in request.container_requests:
+            available = tuple(dict.fromkeys(container.available_deviceIDs))
+            must_include = tuple(dict.fromkeys(container.must_include_deviceIDs))
+            size = container.allocation_size
+            await self._check_known(context, (*available, *must_include))
+            if not set(must_include) <= set(available) or not len(must_include) <= size <= len(available):
+                await _abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"cannot pick {size} of {len(available)} available devices including {len(must_include)}"
+                    " must-include ones (which must all be available)",
+                )
+            ask = PreferredAllocationRequest(available, must_include, size)
+            try:
+                answer = await self.backend.preferred_allocation(self.resource, ask)
+            except HookError as exc:
+                await _abort_hook(context, exc)
+            problem = rules.preferred_allocation_problem(answer, available, must_include, size)
+            if problem:
+                await self._abort_answer(context, "devicehost_preferred_allocation", problem)
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=list(answer)))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: Context,
+    ) -> api_pb2.PreStartContainerResponse:
+        ids = tuple(request.devices_ids)
+        await self._check_ids(context, ids)
+        if self.backend.implements("devicehost_pre_start_container"):
+            try:
+                await self.backend.pre_start_container(self.resource, ids)
+            except HookError as exc:
+                await _abort_hook(context, exc)
+        return api_pb2.PreStartContainerResponse()
+
+    async def _check_ids(self, context: Context, ids: Sequence[str]) -> None:
+        """A container's IDs: at least one, no repeats, all known."""
+        if not ids:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a container request names no device IDs")
+        if len(set(ids)) != len(ids):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a container request repeats a device ID")
+        await self._check_known(context, ids)
+
+    async def _check_known(self, context: Context, ids: Sequence[str]) -> None:
+        unknown = self.table.unknown(ids)
+        if unknown:
+            shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown device IDs for {self.resource}: {shown}",
+            )
+
+    async def _abort_answer(self, context: Context, hook: str, problem: str) -> None:
+        message = f"backend {self.backend.name!r} {hook} {problem}"
+        log.error("hook answer refused", hook=hook, problem=problem)
+        await _abort(context, grpc.StatusCode.INTERNAL, message)
+
+
+async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+async def _abort_hook(context: Context, exc: HookError) -> NoReturn:
+    """Answer a failed hook with the status that says what happened."""
+    if isinstance(exc, HookTimeout):
+        code = grpc.StatusCode.DEADLINE_EXCEEDED
+    elif isinstance(exc, BackendBusy):
+        code = grpc.StatusCode.UNAVAILABLE
+    else:
+        code = grpc.StatusCode.UNKNOWN
+    log.error("hook failed", hook=exc.hook, error=str(exc), code=code.name)
+    await _abort(context, code, str(exc))

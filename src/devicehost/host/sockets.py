@@ -1,0 +1,103 @@
+"""Socket files in the device-plugins dir: names, ownership, and cleaning up only our own.
+
+Names are ``devicehost-<resource>-<token>.sock``: safe as one file name, never starting with
+``.``, and unique per host start (the token), so two host pods can overlap in a rolling update.
+The host removes a file only if it is the very socket it created (same inode), or a stale
+``devicehost-*.sock`` that no process listens on any more.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import secrets
+import socket
+import stat
+from pathlib import Path
+
+PREFIX = "devicehost-"
+SUFFIX = ".sock"
+MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+KUBELET_SOCKET = "kubelet.sock"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class SocketDirError(Exception):
+    """The device-plugins dir cannot hold the host's sockets."""
+
+
+def new_token() -> str:
+    """A short random token that makes this host start's socket names unique."""
+    return secrets.token_hex(3)
+
+
+def socket_name(resource: str, token: str, directory: Path) -> str:
+    """The socket file name for ``resource``, shortened with a hash if the path would be too long."""
+    safe = _UNSAFE.sub("_", resource.replace("/", "_"))
+    name = f"{PREFIX}{safe}-{token}{SUFFIX}"
+    room = MAX_UNIX_PATH - len(os.fsencode(directory)) - 1
+    if len(name) <= room:
+        return name
+    digest = hashlib.sha256(resource.encode()).hexdigest()[:8]
+    keep = room - len(f"{PREFIX}-{digest}-{token}{SUFFIX}")
+    if keep < 1:
+        raise SocketDirError(f"device-plugins dir {directory} is too long a path for unix sockets")
+    return f"{PREFIX}{safe[:keep]}-{digest}-{token}{SUFFIX}"
+
+
+def check_socket_dir(directory: Path) -> None:
+    """Fail with a clear reason if the host cannot create sockets in ``directory``."""
+    if not directory.exists():
+        raise SocketDirError(
+            f"device-plugins dir {directory} does not exist: is the kubelet's dir mounted into the pod?"
+        )
+    if not directory.is_dir():
+        raise SocketDirError(f"device-plugins dir {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SocketDirError(f"device-plugins dir {directory} is not writable by uid {os.getuid()}")
+    if len(os.fsencode(directory)) + 1 + len(f"{PREFIX}x-{'0' * 8}-{new_token()}{SUFFIX}") > MAX_UNIX_PATH:
+        raise SocketDirError(f"device-plugins dir {directory} is too long a path for unix sockets")
+
+
+def inode_of(path: Path) -> int | None:
+    """The inode of ``path`` (not following a symlink), or None if nothing is there."""
+    try:
+        return path.lstat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+def remove_own(path: Path, inode: int | None) -> None:
+    """Remove ``path`` only if it is still the socket we created (same inode)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if inode is not None and st.st_ino == inode and stat.S_ISSOCK(st.st_mode):
+        path.unlink(missing_ok=True)
+
+
+def _is_listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.2)
+        try:
+            probe.connect(os.fspath(path))
+        except OSError as exc:
+            return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+        return True
+
+
+def remove_stale(directory: Path) -> list[str]:
+    """Remove ``devicehost-*.sock`` sockets nobody listens on (left by a killed host); return their names."""
+    removed = []
+    for path in directory.glob(f"{PREFIX}*{SUFFIX}"):
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISSOCK(st.st_mode) and not _is_listening(path):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
