@@ -1,0 +1,88 @@
+"""``devicehost run --simulate-kubelet``: the real host against the kubelet stand-in.
+
+For trying the host and a backend on a machine with no Kubernetes: a temporary device-plugins
+dir, the stand-in kubelet serving ``kubelet.sock`` there, and the host serving into it. It shows
+every resource the kubelet registers, its devices and health as they change, and one sample
+allocation per resource, until interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import structlog
+from google.protobuf import json_format
+
+from devicehost.host.backend import Backend
+from devicehost.host.config import HostConfig
+from devicehost.host.daemon import Host, install_signal_handlers
+from devicehost.testing.kubelet import AdmissionError, EventKind, KubeletStandIn
+
+log = structlog.get_logger("devicehost.simulate")
+
+
+async def run_simulated(config: HostConfig, backends: Sequence[Backend]) -> int:
+    """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM."""
+    workdir = Path(tempfile.mkdtemp(prefix="devicehost-sim-", dir="/tmp"))
+    directory = workdir / "device-plugins"
+    config = config.model_copy(update={"device_plugins_dir": directory})
+    kubelet = KubeletStandIn(directory)
+    await kubelet.start()
+    host = Host(config, backends)
+    install_signal_handlers(host, lambda: os._exit(1))
+    log.info("simulated kubelet started; press Ctrl-C to stop", device_plugins_dir=str(directory))
+    show = asyncio.create_task(_show(kubelet))
+    try:
+        await host.run()
+    finally:
+        show.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await show
+        await kubelet.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+async def _show(kubelet: KubeletStandIn) -> None:
+    """Report what the kubelet sees, and allocate once from each newly registered resource."""
+    seen = 0
+    sampled: set[str] = set()
+    while True:
+        try:
+            event = await kubelet.wait_for_event(since=seen, timeout=3600)
+        except AssertionError:
+            continue
+        seen += 1
+        if event.kind in (EventKind.DEVICES, EventKind.DISCONNECTED):
+            log.info(
+                "kubelet view",
+                resource=event.resource,
+                capacity=kubelet.capacity(event.resource),
+                allocatable=kubelet.allocatable(event.resource),
+                unhealthy=kubelet.unhealthy(event.resource),
+            )
+        if (
+            event.kind == EventKind.DEVICES
+            and event.resource not in sampled
+            and kubelet.allocatable(event.resource)
+        ):
+            sampled.add(event.resource)
+            await _sample_allocation(kubelet, event.resource)
+
+
+async def _sample_allocation(kubelet: KubeletStandIn, resource: str) -> None:
+    try:
+        result = await kubelet.allocate(resource, 1)
+    except (AdmissionError, grpc.aio.AioRpcError) as exc:
+        log.error("sample allocation failed", resource=resource, error=str(exc))
+        return
+    kubelet.release(resource, result.device_ids)
+    answer = json_format.MessageToDict(result.response.container_responses[0])
+    log.info("sample allocation", resource=resource, devices=list(result.device_ids), response=answer)
