@@ -86,6 +86,12 @@ def ids(backend: NvidiaBackend) -> list[str]:
     return [device.id for device in resource.devices]
 
 
+def poll(backend: NvidiaBackend, devices: tuple[Device, ...]) -> Mapping[str, Health]:
+    health = backend.devicehost_health(RESOURCE, devices)
+    assert health is not None
+    return health
+
+
 def started(backend: NvidiaBackend) -> Notifier:
     backend.devicehost_discover()
     notifier = Notifier()
@@ -201,7 +207,7 @@ def test_ignored_xids_leave_the_gpu_healthy(make: Make) -> None:
     assert nvml.wait_handled()
     assert notifier.calls == []
     devices = backend.devicehost_discover()[0].devices
-    assert set(backend.devicehost_health(RESOURCE, devices).values()) == {Health.HEALTHY}
+    assert set(poll(backend, devices).values()) == {Health.HEALTHY}
 
 
 def test_ignored_xids_setting_replaces_the_default(make: Make) -> None:
@@ -239,12 +245,12 @@ def test_recovers_after_the_interval_without_new_events(make: Make, clock: Clock
     assert notifier.wait_for(lambda h: h.get(bad) is Health.UNHEALTHY)
     devices = backend.devicehost_discover()[0].devices
     clock.now += 29
-    assert backend.devicehost_health(RESOURCE, devices) == {
+    assert poll(backend, devices) == {
         bad: Health.UNHEALTHY,
         nvml.gpus()[1].uuid: Health.HEALTHY,
     }
     clock.now += 1
-    assert backend.devicehost_health(RESOURCE, devices)[bad] is Health.HEALTHY
+    assert poll(backend, devices)[bad] is Health.HEALTHY
     assert notifier.wait_for(lambda h: h.get(bad) is Health.HEALTHY)
     assert notifier.calls == [{bad: Health.UNHEALTHY}, {bad: Health.HEALTHY}]
 
@@ -270,7 +276,7 @@ def test_new_event_restarts_the_recovery_interval(make: Make, clock: Clock) -> N
     assert nvml.wait_handled()
     devices = backend.devicehost_discover()[0].devices
     clock.now += 8  # 16 s after the first event, 8 s after the second
-    assert backend.devicehost_health(RESOURCE, devices) == {bad: Health.UNHEALTHY}
+    assert poll(backend, devices) == {bad: Health.UNHEALTHY}
 
 
 def test_no_recovery_when_disabled(make: Make, clock: Clock) -> None:
@@ -281,7 +287,7 @@ def test_no_recovery_when_disabled(make: Make, clock: Clock) -> None:
     assert notifier.wait_for(lambda h: h.get(bad) is Health.UNHEALTHY)
     clock.now += 10**6
     devices = backend.devicehost_discover()[0].devices
-    assert backend.devicehost_health(RESOURCE, devices) == {bad: Health.UNHEALTHY}
+    assert poll(backend, devices) == {bad: Health.UNHEALTHY}
 
 
 def test_gpu_nvml_no_longer_answers_for_is_unhealthy_until_it_does(make: Make, clock: Clock) -> None:
@@ -290,15 +296,15 @@ def test_gpu_nvml_no_longer_answers_for_is_unhealthy_until_it_does(make: Make, c
     lost = nvml.gpus()[1].uuid
     devices = backend.devicehost_discover()[0].devices
     nvml.set_lost(lost)
-    assert backend.devicehost_health(RESOURCE, devices)[lost] is Health.UNHEALTHY
+    assert poll(backend, devices)[lost] is Health.UNHEALTHY
     assert notifier.wait_for(lambda h: h.get(lost) is Health.UNHEALTHY)
     clock.now += 60
-    assert backend.devicehost_health(RESOURCE, devices)[lost] is Health.UNHEALTHY
+    assert poll(backend, devices)[lost] is Health.UNHEALTHY
     nvml.set_lost(lost, lost=False)
     clock.now += 1
-    assert backend.devicehost_health(RESOURCE, devices)[lost] is Health.UNHEALTHY  # bad 1 s ago
+    assert poll(backend, devices)[lost] is Health.UNHEALTHY  # bad 1 s ago
     clock.now += 30
-    assert backend.devicehost_health(RESOURCE, devices)[lost] is Health.HEALTHY
+    assert poll(backend, devices)[lost] is Health.HEALTHY
 
 
 def test_gpu_without_event_support_stays_healthy(make: Make) -> None:
@@ -306,13 +312,28 @@ def test_gpu_without_event_support_stays_healthy(make: Make) -> None:
     backend, nvml = make(gpus)
     notifier = started(backend)
     devices = backend.devicehost_discover()[0].devices
-    assert backend.devicehost_health(RESOURCE, devices) == {
+    assert poll(backend, devices) == {
         "GPU-old": Health.HEALTHY,
         "GPU-new": Health.HEALTHY,
     }
     nvml.inject("GPU-new", EventKind.XID, 79)
     assert notifier.wait_for(lambda h: "GPU-new" in h)
     assert notifier.health == {"GPU-new": Health.UNHEALTHY}
+
+
+def test_a_gpu_leaving_restarts_the_watcher_and_keeps_known_health(make: Make) -> None:
+    backend, nvml = make(fake_gpus(3))
+    notifier = started(backend)
+    first, second, third = (g.uuid for g in nvml.gpus())
+    nvml.inject(first, EventKind.XID, 79)
+    assert notifier.wait_for(lambda h: first in h)
+    nvml.remove_gpu(third)
+    devices = backend.devicehost_discover()[0].devices
+    assert [(d.id, d.health) for d in devices] == [(first, Health.UNHEALTHY), (second, Health.HEALTHY)]
+    assert nvml.open_event_sets == 1
+    nvml.inject(second, EventKind.DOUBLE_BIT_ECC)
+    assert notifier.wait_for(lambda h: second in h)
+    assert poll(backend, devices) == {first: Health.UNHEALTHY, second: Health.UNHEALTHY}
 
 
 def test_start_and_stop_are_idempotent(make: Make) -> None:

@@ -159,6 +159,11 @@ class FakeNvml:
         """Make the next ``init`` succeed or fail as if the driver were (not) loaded."""
         self._available = available
 
+    def remove_gpu(self, uuid: str) -> None:
+        """Make the GPU disappear from the next discovery."""
+        with self._lock:
+            self._gpus = [gpu for gpu in self._gpus if gpu.uuid != uuid]
+
     def set_lost(self, uuid: str, lost: bool = True) -> None:
         """Make ``check`` fail for this GPU (fallen off the bus) or pass again."""
         with self._lock:
