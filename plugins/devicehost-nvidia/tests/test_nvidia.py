@@ -176,6 +176,15 @@ def test_no_driver_offers_nothing_and_logs_once_until_it_loads(clock: Clock) -> 
     assert len(ids(backend)) == 2
 
 
+def test_nvml_error_on_rediscovery_keeps_the_gpus(make: Make) -> None:
+    backend, nvml = make(fake_gpus(2))
+    before = backend.devicehost_discover()
+    nvml.set_broken()
+    with capture_logs() as logs:
+        assert backend.devicehost_discover() == before
+    assert [(log["event"], log["log_level"]) for log in logs] == [("nvidia_discovery_failed", "error")]
+
+
 def test_real_nvml_without_driver_raises_unavailable() -> None:
     if Path("/proc/driver/nvidia/version").exists():
         pytest.skip("this machine has an NVIDIA driver")
@@ -334,6 +343,16 @@ def test_a_gpu_leaving_restarts_the_watcher_and_keeps_known_health(make: Make) -
     nvml.inject(second, EventKind.DOUBLE_BIT_ECC)
     assert notifier.wait_for(lambda h: second in h)
     assert poll(backend, devices) == {first: Health.UNHEALTHY, second: Health.UNHEALTHY}
+
+
+def test_no_event_set_falls_back_to_health_polls(make: Make) -> None:
+    backend, nvml = make(fake_gpus(1))
+    devices = backend.devicehost_discover()[0].devices
+    nvml.set_broken()
+    started(backend)
+    assert nvml.open_event_sets == 0
+    nvml.set_lost(devices[0].id)
+    assert poll(backend, devices) == {devices[0].id: Health.UNHEALTHY}
 
 
 def test_start_and_stop_are_idempotent(make: Make) -> None:

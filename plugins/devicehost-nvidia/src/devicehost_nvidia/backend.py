@@ -121,11 +121,11 @@ class NvidiaBackend:
                 strategy=settings.device_id_strategy,
                 replicas=settings.replicas,
             )
+            if previous is None or previous.gpus != inventory.gpus:
+                log_gpus(inventory, self._nvml.driver_version())
         except NvmlError as error:
             _log.error("nvidia_discovery_failed", detail=str(error), keeping_previous=previous is not None)
             inventory = previous
-        if inventory is not None and (previous is None or previous.gpus != inventory.gpus):
-            log_gpus(inventory, self._nvml.driver_version())
         self._inventory = inventory
         return inventory
 

@@ -23,6 +23,7 @@ from devicehost_nvidia.nvml import (
 
 _LIBRARY_NOT_FOUND = 12
 _NOT_FOUND = 6
+_UNKNOWN = 999
 
 
 @dataclass(frozen=True)
@@ -105,22 +106,17 @@ class FakeNvml:
         self._lock = threading.Lock()
         self._lost: set[str] = set()
         self._event_sets: list[_FakeEventSet] = []
-        self.init_count = 0
+        self._broken = False
 
     def init(self) -> None:
         if not self._available:
             raise NvmlUnavailable("NVML Shared Library Not Found", _LIBRARY_NOT_FOUND)
-        with self._lock:
-            self.init_count += 1
-
-    def shutdown(self) -> None:
-        with self._lock:
-            self.init_count -= 1
 
     def driver_version(self) -> str:
         return "999.99.99-fake"
 
     def gpus(self) -> list[GpuInfo]:
+        self._fail_if_broken()
         return [
             GpuInfo(n, g.uuid, g.name, g.memory_bytes, g.minor, g.pci_bus_id, g.numa_node)
             for n, g in enumerate(self._gpus)
@@ -143,6 +139,7 @@ class FakeNvml:
                 raise NvmlError(f"GPU {uuid} is lost", GPU_IS_LOST)
 
     def event_set(self) -> _FakeEventSet:
+        self._fail_if_broken()
         event_set = _FakeEventSet(self)
         with self._lock:
             self._event_sets.append(event_set)
@@ -153,7 +150,15 @@ class FakeNvml:
         with self._lock:
             self._event_sets.remove(event_set)
 
+    def _fail_if_broken(self) -> None:
+        if self._broken:
+            raise NvmlError("Unknown Error", _UNKNOWN)
+
     # Test controls.
+
+    def set_broken(self, broken: bool = True) -> None:
+        """Make GPU listing and event-set creation fail with an unknown NVML error."""
+        self._broken = broken
 
     def set_available(self, available: bool) -> None:
         """Make the next ``init`` succeed or fail as if the driver were (not) loaded."""

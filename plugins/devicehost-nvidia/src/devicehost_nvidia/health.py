@@ -64,7 +64,11 @@ class HealthWatcher:
             if self._thread is not None:
                 return
             self._stop.clear()
-            event_set = self._nvml.event_set()
+            try:
+                event_set = self._nvml.event_set()
+            except NvmlError as error:
+                _log.error("nvidia_event_set_failed", detail=str(error), fallback="health polls only")
+                return
             self._event_set = event_set
             self._thread = threading.Thread(target=self._run, name="devicehost-nvidia-health", daemon=True)
         for uuid in self._health:

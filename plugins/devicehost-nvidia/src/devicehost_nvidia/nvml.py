@@ -78,10 +78,7 @@ class Nvml(Protocol):
     """What the backend needs from NVML. Every method may raise NvmlError."""
 
     def init(self) -> None:
-        """Load NVML; NvmlUnavailable when there is no library or driver. Reference counted."""
-
-    def shutdown(self) -> None:
-        """Release one ``init``."""
+        """Load NVML (kept for the process's life); NvmlUnavailable without library or driver."""
 
     def driver_version(self) -> str:
         """The kernel driver's version."""
@@ -168,13 +165,6 @@ class PynvmlNvml:
         with self._lock:
             try:
                 pynvml.nvmlInit()
-            except pynvml.NVMLError as error:
-                raise _wrap(error) from error
-
-    def shutdown(self) -> None:
-        with self._lock:
-            try:
-                pynvml.nvmlShutdown()
             except pynvml.NVMLError as error:
                 raise _wrap(error) from error
 
