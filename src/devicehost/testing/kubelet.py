@@ -13,6 +13,7 @@ and models kubelet 1.32 where plugins trip over it. Tests drive and inspect it::
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ class KubeletStandIn:
         self._watcher_enabled = watcher
         self._watcher: PluginWatcher | None = None
         self._server: grpc.aio.Server | None = None
+        self._old_socket_fd: int | None = None
         self._resources: dict[str, _Resource] = {}
         self._conns: set[PluginConnection] = set()
         self._events: list[Event] = []
@@ -155,11 +157,13 @@ class KubeletStandIn:
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
+        self._release_old_socket()
         self._log.info("kubelet started", socket=str(self.socket_path))
 
     async def stop(self) -> None:
         """Stop serving and close every plugin connection; no task is left running."""
         await self._shutdown("kubelet stopped")
+        self._release_old_socket()
 
     async def restart(self) -> None:
         """Restart as the kubelet does: connections close, the dir is cleaned, a new socket."""
@@ -174,6 +178,10 @@ class KubeletStandIn:
         await self.start()
 
     async def _shutdown(self, reason: str) -> None:
+        if self._old_socket_fd is None and self.socket_path.exists():
+            # Hold the old inode until the next socket exists, so its number cannot be reused:
+            # plugins may tell a kubelet restart by the inode number alone.
+            self._old_socket_fd = os.open(self.socket_path, os.O_PATH)
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
@@ -189,6 +197,11 @@ class KubeletStandIn:
         await asyncio.gather(*(conn.close() for conn in list(self._conns)))
 
     # -- registration ------------------------------------------------------------------------
+
+    def _release_old_socket(self) -> None:
+        if self._old_socket_fd is not None:
+            os.close(self._old_socket_fd)
+            self._old_socket_fd = None
 
     async def _register(self, request: api_pb2.RegisterRequest) -> str | None:
         name = request.resource_name
