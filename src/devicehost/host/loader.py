@@ -37,11 +37,6 @@ class UnknownBackendError(LookupError):
     """The allow-list names backends that are not installed."""
 
 
-def installed_backend_names() -> list[str]:
-    """Entry-point names in the ``devicehost.backends`` group, sorted."""
-    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
-
-
 def _distribution(entry_point: Any) -> tuple[str | None, str | None]:
     """The distribution and version that ship an entry point's module."""
     module = entry_point.value.split(":")[0].strip()
@@ -73,7 +68,11 @@ def load_backends(
             "the backend's package is broken: reinstall or upgrade it, or disable the backend"
         )
 
-    missing: list[str] = []
+    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    unknown = sorted(set(enabled) - set(entry_points))
+    if unknown:
+        installed = ", ".join(sorted(entry_points)) or "none"
+        raise UnknownBackendError(f"unknown backend(s): {', '.join(unknown)} (installed: {installed})")
     names = [n for n in enabled if n not in disabled]
     manager: ExtensionManager[Any]
     if enabled:
@@ -82,17 +81,11 @@ def load_backends(
             names=names,
             name_order=True,
             on_load_failure_callback=on_failure,
-            on_missing_entrypoints_callback=missing.extend,
+            on_missing_entrypoints_callback=lambda _names: None,  # failed imports: on_failure has them
         )
     else:
         manager = ExtensionManager(ENTRY_POINT_GROUP, on_load_failure_callback=on_failure)
-    if missing:
-        installed = ", ".join(installed_backend_names()) or "none"
-        raise UnknownBackendError(
-            f"unknown backend(s): {', '.join(sorted(missing))} (installed: {installed})"
-        )
 
-    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     order = names or sorted(entry_points)
     loaded = {ext.name: ext for ext in manager}
     statuses: list[BackendStatus] = []

@@ -1,0 +1,220 @@
+"""The ``devicehost`` command as a user runs it: subprocesses, signals, JSON log lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostfakes import install_fake_distribution, install_test_backends
+
+from devicehost.testing.kubelet import KubeletStandIn
+
+pytestmark = pytest.mark.timeout(60)
+
+SLOW_STOP_BACKEND = """
+import time
+import devicehost
+
+@devicehost.hookimpl
+def devicehost_discover():
+    return [devicehost.Resource("slow.example.com/stop", (devicehost.Device("s0"),))]
+
+@devicehost.hookimpl
+def devicehost_allocate(device_ids):
+    return devicehost.ContainerAllocation()
+
+@devicehost.hookimpl
+def devicehost_stop(resource):
+    time.sleep(30)
+"""
+
+
+class Daemon:
+    """A ``devicehost`` subprocess whose JSON log lines are read as they come."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "devicehost", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: list[dict[str, Any]] = []
+
+    def wait_for(self, event: str, timeout: float = 15, **fields: Any) -> dict[str, Any]:
+        """Read log lines until one has this event (and fields); fail with what was seen."""
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        for line in self.lines:
+            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                return line
+        while time.monotonic() < deadline:
+            raw = self.proc.stdout.readline()
+            if not raw:
+                break
+            line = json.loads(raw)
+            self.lines.append(line)
+            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                return line
+        raise AssertionError(f"no {event!r} {fields} in the log; saw {[x.get('event') for x in self.lines]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        """Signal the daemon, wait for its exit, and read the rest of its log."""
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        assert self.proc.stdout is not None
+        self.lines.extend(json.loads(raw) for raw in self.proc.stdout.read().splitlines())
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a devicehost subprocess: fake backends installed, no DEVICEHOST_ vars."""
+    site = tmp_path / "site"
+    install_test_backends(site)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    clean["PYTHONPATH"] = os.pathsep.join([str(site), *sys.path])
+    return clean
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.close()
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "devicehost", *args], capture_output=True, text=True, env=env, timeout=30
+    )
+
+
+async def test_sigterm_stops_cleanly_and_leaves_no_socket(
+    kubelet: KubeletStandIn, plugin_dir: Path, env: dict[str, str], daemons: list[Daemon]
+) -> None:
+    daemon = Daemon(
+        ["run", "--device-plugins-dir", str(plugin_dir), "--backend", "good", "--backend", "example"], env
+    )
+    daemons.append(daemon)
+    await kubelet.wait_for_resource("good.example.com/thing", healthy=2)
+    await kubelet.wait_for_resource("example.com/widget", healthy=4)
+    assert len([p for p in plugin_dir.iterdir() if p.name.startswith("devicehost-")]) == 2
+    started = time.monotonic()
+    assert daemon.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - started < 5
+    assert sorted(p.name for p in plugin_dir.iterdir()) == ["kubelet.sock"]
+    withdrawn = {line["resource"] for line in daemon.lines if line["event"] == "withdrawn"}
+    assert withdrawn == {"good.example.com/thing", "example.com/widget"}
+
+
+async def test_broken_backend_next_to_a_good_one(
+    kubelet: KubeletStandIn, plugin_dir: Path, env: dict[str, str], daemons: list[Daemon]
+) -> None:
+    daemon = Daemon(
+        ["run", "--device-plugins-dir", str(plugin_dir), "--disable", "nvidia", "--disable", "hostdev"], env
+    )
+    daemons.append(daemon)
+    failure = daemon.wait_for("backend failed to load", backend="broken")
+    assert "ModuleNotFoundError" in failure["reason"]
+    assert failure["distribution"] == "devicehost-broken"
+    assert failure["level"] == "error"
+    await kubelet.wait_for_resource("good.example.com/thing", healthy=2)
+    result = await kubelet.allocate("good.example.com/thing", 1)
+    assert dict(result.response.container_responses[0].envs) == {"THINGS": "t0"}
+    registered = daemon.wait_for("registered", resource="good.example.com/thing")
+    assert registered["backend"] == "good"
+    assert daemon.stop() == 0
+
+
+async def test_second_signal_forces_the_exit(
+    kubelet: KubeletStandIn, plugin_dir: Path, env: dict[str, str], daemons: list[Daemon], tmp_path: Path
+) -> None:
+    site = tmp_path / "slow-site"
+    install_fake_distribution(site, "devicehost-slow", "dh_slow", SLOW_STOP_BACKEND, "slow = dh_slow")
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    daemon = Daemon(
+        ["run", "--device-plugins-dir", str(plugin_dir), "--backend", "slow", "--hook-timeout", "20"], env
+    )
+    daemons.append(daemon)
+    await kubelet.wait_for_resource("slow.example.com/stop", healthy=1)
+    daemon.proc.send_signal(signal.SIGTERM)
+    daemon.wait_for("stopping", signal="SIGTERM")
+    started = time.monotonic()
+    assert daemon.stop(signal.SIGINT, timeout=5) == 1
+    assert time.monotonic() - started < 3
+    daemon.wait_for("second signal, exiting without cleaning up")
+
+
+def test_simulate_kubelet_shows_registration_and_an_allocation(
+    env: dict[str, str], daemons: list[Daemon]
+) -> None:
+    daemon = Daemon(["run", "--simulate-kubelet", "--backend", "example"], env)
+    daemons.append(daemon)
+    daemon.wait_for("registered", resource="example.com/widget", backend="example")
+    view = daemon.wait_for("kubelet view", resource="example.com/widget")
+    assert view["allocatable"] == 4
+    sample = daemon.wait_for("sample allocation", resource="example.com/widget")
+    assert sample["response"]["envs"] == {"EXAMPLE_WIDGETS": sample["devices"][0]}
+    assert sample["response"]["devices"][0]["hostPath"] == "/dev/null"
+    assert daemon.stop(signal.SIGINT) == 0
+
+
+def test_backends_command_lists_status_and_resources(env: dict[str, str]) -> None:
+    result = run_cli("backends", env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    good = next(i for i, line in enumerate(lines) if line.startswith("good "))
+    assert "(devicehost-good 1.2.3, dh_good)  loaded" in lines[good]
+    assert lines[good + 1].strip() == "good.example.com/thing: 2 devices (2 healthy)"
+    broken = next(line for line in lines if line.startswith("broken "))
+    assert "FAILED: import of dh_broken failed (ModuleNotFoundError" in broken
+    assert any(line.startswith("asyncy ") and "must be synchronous" in line for line in lines)
+
+
+def test_unknown_backend_is_a_usage_error(env: dict[str, str]) -> None:
+    result = run_cli("run", "--backend", "nosuch", "--device-plugins-dir", "/tmp", env=env)
+    assert result.returncode == 2
+    assert "unknown backend(s): nosuch (installed: " in result.stderr
+
+
+def test_missing_device_plugins_dir_is_a_clear_error(env: dict[str, str], tmp_path: Path) -> None:
+    result = run_cli("run", "--backend", "good", "--device-plugins-dir", str(tmp_path / "nope"), env=env)
+    assert result.returncode == 2
+    assert f"device-plugins dir {tmp_path / 'nope'} does not exist" in result.stderr
+
+
+def test_unwritable_device_plugins_dir_is_a_clear_error(env: dict[str, str]) -> None:
+    unwritable = Path("/proc/1")
+    if os.access(unwritable, os.W_OK):
+        pytest.skip("no unwritable directory available to this user")
+    result = run_cli("run", "--backend", "good", "--device-plugins-dir", str(unwritable), env=env)
+    assert result.returncode == 2
+    assert "device-plugins dir /proc/1 is not writable" in result.stderr
+
+
+def test_malformed_config_file_names_the_key(env: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("health_interval: soon\nnot_a_key: 1\n")
+    result = run_cli("run", "--config", str(config), env=env)
+    assert result.returncode == 2
+    assert "health_interval: Input should be a valid number" in result.stderr
+    assert "not_a_key: Extra inputs are not permitted" in result.stderr
