@@ -2,9 +2,9 @@
 
 :class:`KubeletWatcher` follows the device-plugins dir with inotify (and a slow poll as a safety
 net for a dir that is deleted and recreated) and tells subscribers when ``kubelet.sock`` gets a
-new inode or a file they own disappears. :class:`KubeletClient` keeps one channel per
-``kubelet.sock`` inode: a channel to a restarted kubelet's old socket would wait out gRPC's
-reconnect backoff, a fresh one connects at once.
+new inode (or is created anew) or a file they own disappears. :class:`KubeletClient` keeps one
+channel per ``kubelet.sock`` generation: a channel to a restarted kubelet's old socket would wait
+out gRPC's reconnect backoff, a fresh one connects at once.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class KubeletWatcher:
         self.directory = directory
         self.kubelet_socket = directory / KUBELET_SOCKET
         self.inode: int | None = inode_of(self.kubelet_socket)
+        self.generation = 0
+        """Bumped whenever kubelet.sock is created anew: a freed inode number can be reused at
+        once, so a restart is also told by inotify's CREATE, not only by a new inode."""
         self._present = asyncio.Event()
         self._subscribers: set[Callable[[], None]] = set()
         if self.inode is not None:
@@ -59,12 +62,13 @@ class KubeletWatcher:
             await self._present.wait()
         return self.inode
 
-    def refresh(self) -> None:
-        """Look at the dir again and tell every subscriber."""
+    def refresh(self, created: bool = False) -> None:
+        """Look at the dir again (``created``: kubelet.sock was just created) and tell every subscriber."""
         inode = inode_of(self.kubelet_socket)
-        if inode != self.inode:
+        if inode != self.inode or (created and inode is not None):
             log.info("kubelet socket changed", present=inode is not None, inode=inode)
             self.inode = inode
+            self.generation += 1
             if inode is None:
                 self._present.clear()
             else:
@@ -96,7 +100,8 @@ class KubeletWatcher:
                 self.refresh()
                 continue
             gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))
-            self.refresh()
+            created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO)) and str(event.name) == KUBELET_SOCKET
+            self.refresh(created)
             if gone:
                 log.warning(
                     "device-plugins dir was removed; waiting for it to come back", dir=str(self.directory)
@@ -109,25 +114,25 @@ class RegisterError(Exception):
 
 
 class KubeletClient:
-    """Register calls to the kubelet, over a channel that follows ``kubelet.sock``'s inode."""
+    """Register calls to the kubelet, over a fresh channel for each kubelet.sock generation."""
 
     def __init__(self, watcher: KubeletWatcher, timeout: float) -> None:
         self._watcher = watcher
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None
-        self._channel_inode: int | None = None
+        self._channel_generation = -1
         self._closing: set[asyncio.Task[None]] = set()
 
     def _stub(self) -> api_pb2_grpc.RegistrationAsyncStub:
-        inode = self._watcher.inode
-        if self._channel is None or inode != self._channel_inode:
+        generation = self._watcher.generation
+        if self._channel is None or generation != self._channel_generation:
             if self._channel is not None:
                 task = asyncio.get_running_loop().create_task(self._channel.close(None))
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
             target = f"unix://{self._watcher.kubelet_socket}"
             self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
-            self._channel_inode = inode
+            self._channel_generation = generation
         return api_pb2_grpc.RegistrationStub(self._channel)
 
     async def register(self, resource: str, endpoint: str, options: api_pb2.DevicePluginOptions) -> None:

@@ -3,7 +3,7 @@
 The supervisor task of a :class:`ResourceServer` is the re-register loop: it serves the socket
 again if the kubelet removed it, waits for ``kubelet.sock``, ends any old ListAndWatch stream
 (so the kubelet sees it end before the new registration), registers, and then sleeps until
-``kubelet.sock`` changes inode, the socket disappears, or the kubelet drops the stream.
+``kubelet.sock`` is created anew, the socket disappears, or the kubelet drops the stream.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class ResourceServer:
         self._request_rediscovery = request_rediscovery
         self._server: grpc.aio.Server | None = None
         self._inode: int | None = None
-        self._registered_inode: int | None = None
+        self._registered_generation: int | None = None
         self._stream_lost = False
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -109,8 +109,8 @@ class ResourceServer:
     def registered(self) -> bool:
         """Registered with the current kubelet and streaming to it."""
         return (
-            self._registered_inode is not None
-            and self._registered_inode == self._watcher.inode
+            self._registered_generation == self._watcher.generation
+            and self._watcher.inode is not None
             and self.servicer.open_streams > 0
         )
 
@@ -172,7 +172,7 @@ class ResourceServer:
             self._wake.set()
 
     def _on_dir_change(self) -> None:
-        if inode_of(self.path) != self._inode or self._watcher.inode != self._registered_inode:
+        if inode_of(self.path) != self._inode or self._watcher.generation != self._registered_generation:
             self._wake.set()
 
     async def _serve(self) -> None:
@@ -213,15 +213,15 @@ class ResourceServer:
                 await self._stop_server()
                 await self._serve()
                 reason = "socket removed"
-            kubelet = self._watcher.inode
-            if kubelet is None:
+            generation = self._watcher.generation
+            if self._watcher.inode is None:
                 self._log.info("waiting for the kubelet", socket=str(self._watcher.kubelet_socket))
                 await self._watcher.wait_present()
                 reason = "kubelet appeared"
                 continue
-            if kubelet == self._registered_inode and not self._stream_lost:
+            if generation == self._registered_generation and not self._stream_lost:
                 await self._wake.wait()
-                reason = "kubelet restarted" if self._watcher.inode != kubelet else "stream lost"
+                reason = "kubelet restarted" if self._watcher.generation != generation else "stream lost"
                 continue
             if self._stream_lost:
                 reason = "stream lost"
@@ -232,14 +232,14 @@ class ResourceServer:
             try:
                 await self._client.register(self.name, self.socket_name, self.servicer.options)
             except RegisterError as exc:
-                self._registered_inode = None
+                self._registered_generation = None
                 self._log.warning("register failed", error=str(exc), retry_in=round(delay, 3))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
             delay = BACKOFF_INITIAL
-            self._registered_inode = kubelet
+            self._registered_generation = generation
             self.registrations += 1
             self.last_registration_seconds = time.monotonic() - started
             self._log.info(
