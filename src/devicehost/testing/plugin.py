@@ -1,0 +1,152 @@
+"""A pytest plugin for testing a backend against the real host and the kubelet stand-in.
+
+Opt-in only (no ``pytest11`` entry point): ``pytest -p devicehost.testing.plugin``, or
+``pytest_plugins = ["devicehost.testing.plugin"]`` in a top-level ``conftest.py``.
+
+Options (each also an ini key, underscores instead of dashes):
+
+``--devicehost-backend NAME``
+    the installed backend (entry-point name) the ``host`` fixture and the conformance suite use.
+``--devicehost-settings FILE``
+    a YAML mapping handed to that backend's ``devicehost_configure``.
+
+Fixtures: ``devicehost_backend_name``, ``devicehost_settings``, ``kubelet`` (a started
+:class:`KubeletStandIn`), ``start_host`` (a factory: ``await start_host(backends, **config)``)
+and ``host`` (the selected backend with its settings, served to ``kubelet``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from devicehost.host.daemon import Host
+from devicehost.testing.host import running_host
+from devicehost.testing.kubelet import KubeletStandIn
+
+BACKEND_OPTION = "devicehost_backend"
+SETTINGS_OPTION = "devicehost_settings"
+TEST_HOOK_TIMEOUT = 5.0
+
+
+class StartHost(Protocol):
+    """The ``start_host`` fixture: start a host serving into the ``kubelet`` fixture's dir."""
+
+    def __call__(
+        self, backends: Mapping[str, object] | Sequence[str] | None = None, /, **config: Any
+    ) -> Awaitable[Host]: ...
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("devicehost", "devicehost backend testing")
+    group.addoption(
+        "--devicehost-backend",
+        dest=BACKEND_OPTION,
+        metavar="NAME",
+        help="installed backend (devicehost.backends entry-point name) to test",
+    )
+    group.addoption(
+        "--devicehost-settings",
+        dest=SETTINGS_OPTION,
+        metavar="FILE",
+        help="YAML settings handed to the backend's devicehost_configure",
+    )
+    parser.addini(BACKEND_OPTION, "installed backend to test (as --devicehost-backend)")
+    parser.addini(SETTINGS_OPTION, "YAML settings file of that backend (as --devicehost-settings)")
+
+
+def _option(config: pytest.Config, name: str) -> str | None:
+    value = config.getoption(name) or config.getini(name)
+    return str(value) if value else None
+
+
+def selected_backend(config: pytest.Config) -> str:
+    """The entry-point name given with ``--devicehost-backend`` (or the ini key)."""
+    name = _option(config, BACKEND_OPTION)
+    if name is None:
+        pytest.fail("no backend selected: pass --devicehost-backend NAME", pytrace=False)
+    return name
+
+
+def selected_settings(config: pytest.Config) -> dict[str, Any]:
+    """The settings in ``--devicehost-settings FILE`` (ini: relative to the rootdir); empty without."""
+    given = config.getoption(SETTINGS_OPTION)
+    path = Path(given) if given else None
+    if path is None and config.getini(SETTINGS_OPTION):
+        path = config.rootpath / str(config.getini(SETTINGS_OPTION))
+    if path is None:
+        return {}
+    try:
+        settings = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        pytest.fail(f"cannot read devicehost settings {path}: {exc}", pytrace=False)
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        pytest.fail(f"devicehost settings {path} must hold a mapping", pytrace=False)
+    return settings
+
+
+@pytest.fixture
+def devicehost_backend_name(pytestconfig: pytest.Config) -> str:
+    """The backend under test: ``--devicehost-backend NAME``."""
+    return selected_backend(pytestconfig)
+
+
+@pytest.fixture
+def devicehost_settings(pytestconfig: pytest.Config) -> dict[str, Any]:
+    """Its settings: ``--devicehost-settings FILE``, empty without one."""
+    return selected_settings(pytestconfig)
+
+
+@pytest.fixture
+def devicehost_dir() -> Iterator[Path]:
+    """A short temp dir under /tmp: unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="dh-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture
+async def kubelet(devicehost_dir: Path) -> AsyncIterator[KubeletStandIn]:
+    """A started kubelet stand-in serving ``kubelet.sock`` in a fresh device-plugins dir."""
+    async with KubeletStandIn(devicehost_dir / "device-plugins") as stand_in:
+        yield stand_in
+
+
+@pytest_asyncio.fixture
+async def start_host(kubelet: KubeletStandIn, pytestconfig: pytest.Config) -> AsyncIterator[StartHost]:
+    """Start real hosts serving into the ``kubelet`` fixture's dir; all stopped at teardown.
+
+    ``backends`` defaults to the selected backend (``--devicehost-backend``), and ``config``'s
+    ``backends`` to its settings; ``hook_timeout`` defaults to 5 s.
+    """
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(
+            backends: Mapping[str, object] | Sequence[str] | None = None, /, **config: Any
+        ) -> Host:
+            if backends is None:
+                name = selected_backend(pytestconfig)
+                backends = [name]
+                config.setdefault("backends", {name: selected_settings(pytestconfig)})
+            config.setdefault("hook_timeout", TEST_HOOK_TIMEOUT)
+            return await stack.enter_async_context(
+                running_host(kubelet.device_plugins_dir, backends, **config)
+            )
+
+        yield start
+
+
+@pytest_asyncio.fixture
+async def host(start_host: StartHost) -> Host:
+    """The selected backend, with its settings, served by a real host to ``kubelet``."""
+    return await start_host()
