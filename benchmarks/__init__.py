@@ -1,0 +1,1 @@
+"""Benchmarks of the host against a bare grpc.aio servicer: ``python -m benchmarks.run``."""

@@ -1,0 +1,59 @@
+"""4. Kubelet restart: from ``kubelet.sock`` recreated to every resource registered and streaming again.
+
+The stand-in restarts as the kubelet does (connections closed, the dir cleaned, a new socket); the
+bare baseline follows ``kubelet.sock`` with inotify and registers again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from benchmarks.figures import Figure, Target, compared, ms, percentile
+from benchmarks.kubelet import TimedKubelet, wait_all
+from benchmarks.procs import launch, running
+from benchmarks.settings import Settings
+
+MEASUREMENT = "restart"
+DEVICES = 16
+TARGET_COUNT = 100
+TARGET = Target("<=", 500)
+SETTLE = 0.2
+"""Seconds between two restarts."""
+
+
+async def one(kind: str, count: int, settings: Settings, workdir: Path) -> list[float]:
+    """Seconds back after each restart of the kubelet, for ``count`` resources."""
+    directory = workdir / f"restart-{kind}-{count}"
+    names = [f"{kind}.example.com/k{i}" for i in range(count)]
+    samples = []
+    async with (
+        TimedKubelet(directory) as kubelet,
+        running(await launch(kind, directory, dict.fromkeys(names, DEVICES), directory.with_suffix(".log"))),
+    ):
+        await wait_all(kubelet, names, timeout=60)
+        for _ in range(settings.restarts):
+            await asyncio.sleep(SETTLE)
+            await kubelet.restart()
+            recreated = time.monotonic()
+            samples.append(await wait_all(kubelet, names, timeout=30) - recreated)
+    return samples
+
+
+async def measure(settings: Settings, workdir: Path) -> list[Figure]:
+    figures: list[Figure] = []
+    for count in settings.restart_counts:
+        host = await one("host", count, settings, workdir)
+        bare = await one("bare", count, settings, workdir)
+        for pct in (50, 99):
+            target = TARGET if pct == 99 and count == TARGET_COUNT else None
+            figures += compared(
+                MEASUREMENT,
+                f"{count} resources back p{pct}",
+                ms(percentile(host, pct)),
+                ms(percentile(bare, pct)),
+                "ms",
+                target=target,
+            )
+    return figures
