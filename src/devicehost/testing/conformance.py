@@ -1,0 +1,370 @@
+"""The backend conformance suite: run it against an installed backend with one command::
+
+    pytest -p devicehost.testing.plugin --pyargs devicehost.testing.conformance \\
+        --devicehost-backend NAME [--devicehost-settings settings.yaml]
+
+Each check is one test; a failure starts with the rule it broke, ``[rule-id]``, listed in
+:data:`devicehost.testing.conformance_support.RULES`. Checks marked "direct" call the backend's
+hooks in this thread; "wire" checks run the real host against the kubelet stand-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pluggy
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from devicehost.hookspecs import REQUIRED_HOOKS, rules
+from devicehost.hookspecs.types import Health, PreferredAllocationRequest, Resource
+from devicehost.host.backend import hook_implementations
+from devicehost.host.daemon import Host
+from devicehost.host.loader import UnknownBackendError
+from devicehost.testing.conformance_support import (
+    HEALTH_TOGGLE,
+    UNKNOWN_ID,
+    DirectBackend,
+    NullNotifier,
+    broken,
+    healthy_ids,
+    leaks_after,
+    load_plugin,
+    servable,
+)
+from devicehost.testing.host import BackendLoadError, load_named
+from devicehost.testing.kubelet import AdmissionError, EventKind, KubeletStandIn, ResourceView
+from devicehost.testing.plugin import StartHost
+
+WAIT = 5.0
+HEALTH_POLL = 0.05
+
+
+@pytest.fixture
+def plugin(devicehost_backend_name: str) -> object:
+    """A fresh backend object, loaded from its entry point with stevedore."""
+    return load_plugin(devicehost_backend_name)
+
+
+@pytest.fixture
+def direct(devicehost_backend_name: str, plugin: object, devicehost_settings: dict[str, Any]) -> DirectBackend:
+    """The backend registered with pluggy and configured with the settings given."""
+    try:
+        backend = DirectBackend(devicehost_backend_name, plugin)
+    except pluggy.PluginValidationError as exc:
+        broken("hook-specs", str(exc))
+    if backend.implements("devicehost_configure"):
+        try:
+            backend.hook.devicehost_configure(settings=devicehost_settings)
+        except Exception as exc:
+            broken("settings", f"devicehost_configure raised {type(exc).__name__}: {exc}")
+    return backend
+
+
+@pytest.fixture
+def discovered(direct: DirectBackend) -> list[Resource]:
+    """One discovery's answer."""
+    return direct.discover()
+
+
+@pytest.fixture
+def served(discovered: list[Resource]) -> list[Resource]:
+    """The discovered resources the host serves; at least one of them has devices."""
+    resources = servable(discovered)
+    if not any(r.devices for r in resources):
+        broken("has-devices", f"discovered {[r.name for r in discovered]}, none valid with devices")
+    return resources
+
+
+async def _view(kubelet: KubeletStandIn, resource: Resource, rule: str) -> ResourceView:
+    try:
+        return await kubelet.wait_for_resource(resource.name, total=len(resource.devices), timeout=WAIT)
+    except AssertionError as exc:
+        broken(rule, f"{resource.name} did not reach the kubelet: {exc}")
+
+
+def _call(rule: str, what: str, hook: Callable[..., Any], **kwargs: Any) -> Any:
+    try:
+        return hook(**kwargs)
+    except Exception as exc:
+        broken(rule, f"{what} raised {type(exc).__name__}: {exc}")
+
+
+# -- loading and the hook contract ---------------------------------------------------------
+
+
+def test_loads_through_its_entry_point(devicehost_backend_name: str) -> None:
+    try:
+        backends = load_named([devicehost_backend_name], WAIT)
+    except (BackendLoadError, UnknownBackendError) as exc:
+        broken("entry-point", str(exc))
+    assert [b.name for b in backends] == [devicehost_backend_name]
+    for backend in backends:
+        backend.close()
+
+
+def test_hooks_are_synchronous(plugin: object) -> None:
+    impls = hook_implementations(plugin)
+    asynchronous = sorted(
+        n for n, f in impls.items() if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+    )
+    if asynchronous:
+        broken("sync-hooks", f"async def: {', '.join(asynchronous)}")
+
+
+def test_required_hooks_are_implemented(plugin: object) -> None:
+    missing = [hook for hook in REQUIRED_HOOKS if hook not in hook_implementations(plugin)]
+    if missing:
+        broken("required-hooks", f"missing {', '.join(missing)}")
+
+
+def test_hooks_match_their_specs(devicehost_backend_name: str, plugin: object) -> None:
+    try:
+        backend = DirectBackend(devicehost_backend_name, plugin)
+    except pluggy.PluginValidationError as exc:
+        broken("hook-specs", str(exc))
+    assert backend.implements("devicehost_discover")
+
+
+# -- discovery and health (direct) ---------------------------------------------------------
+
+
+def test_resource_names_follow_the_kubelet_rule(discovered: list[Resource]) -> None:
+    problems = [p for r in discovered if (p := rules.resource_name_problem(str(r.name)))]
+    if problems:
+        broken("resource-name", "; ".join(problems))
+
+
+def test_device_ids_follow_the_kubelet_rule(discovered: list[Resource]) -> None:
+    problems = [
+        f"{r.name}: {p}" for r in discovered if (p := rules.device_ids_problem(d.id for d in r.devices))
+    ]
+    if problems:
+        broken("device-id", "; ".join(problems))
+
+
+def test_offers_devices(served: list[Resource]) -> None:
+    assert any(r.devices for r in served)
+
+
+def test_discovery_is_stable(direct: DirectBackend) -> None:
+    first, second = direct.discover(), direct.discover()
+
+    def ids(resources: list[Resource]) -> dict[str, list[str]]:
+        return {r.name: sorted(d.id for d in r.devices) for r in resources}
+
+    if ids(first) != ids(second):
+        broken("stable-discovery", f"first {ids(first)}, then {ids(second)}")
+
+
+def test_health_values_are_valid(direct: DirectBackend, discovered: list[Resource]) -> None:
+    valid = {h.value for h in Health}
+    for resource in discovered:
+        bad = [d.id for d in resource.devices if d.health not in valid]
+        if bad:
+            broken("health-values", f"{resource.name}: discovery gave devices {bad} an invalid health")
+    if not direct.implements("devicehost_health"):
+        return
+    for resource in servable(discovered):
+        answer = _call(
+            "health-values",
+            "devicehost_health",
+            direct.hook.devicehost_health,
+            resource=resource.name,
+            devices=resource.devices,
+        )
+        if answer is None:
+            continue
+        if not isinstance(answer, dict) or any(v not in valid for v in answer.values()):
+            broken("health-values", f"{resource.name}: devicehost_health returned {answer!r:.300}")
+        strangers = sorted(set(answer) - {d.id for d in resource.devices})
+        if strangers:
+            broken("health-values", f"{resource.name}: devicehost_health named unknown devices {strangers}")
+
+
+@pytest.mark.asyncio
+async def test_health_goes_both_ways(
+    devicehost_backend_name: str,
+    devicehost_settings: dict[str, Any],
+    plugin: object,
+    served: list[Resource],
+    kubelet: KubeletStandIn,
+    start_host: StartHost,
+) -> None:
+    toggle = getattr(plugin, HEALTH_TOGGLE, None)
+    if toggle is None:
+        pytest.skip(f"no {HEALTH_TOGGLE} on the backend: it does not claim health goes both ways")
+    resource = next(r for r in served if healthy_ids(r))
+    device, healthy = healthy_ids(resource)[0], len(healthy_ids(resource))
+    name = devicehost_backend_name
+    await start_host({name: plugin}, backends={name: devicehost_settings}, health_interval=HEALTH_POLL)
+    await _view(kubelet, resource, "health-both-ways")
+    for health, expected in ((Health.UNHEALTHY, healthy - 1), (Health.HEALTHY, healthy)):
+        await asyncio.to_thread(toggle, resource.name, device, health)
+        try:
+            await kubelet.wait_for_resource(resource.name, healthy=expected, timeout=WAIT)
+        except AssertionError:
+            broken("health-both-ways", f"{resource.name} device {device} never turned {health} at the kubelet")
+
+
+# -- allocation ------------------------------------------------------------------------------
+
+
+def test_allocation_answers_are_well_formed(direct: DirectBackend, served: list[Resource]) -> None:
+    problems = []
+    for resource in served:
+        for device in healthy_ids(resource):
+            what = f"devicehost_allocate({resource.name!r}, ({device!r},))"
+            answer = _call(
+                "allocation-answer",
+                what,
+                direct.hook.devicehost_allocate,
+                resource=resource.name,
+                device_ids=(device,),
+            )
+            problem = rules.allocation_problem(answer)
+            if problem:
+                problems.append(f"{what} {problem}")
+    if problems:
+        broken("allocation-answer", "; ".join(problems[:5]))
+
+
+def test_backend_refuses_unknown_ids(direct: DirectBackend, served: list[Resource]) -> None:
+    for resource in served:
+        assert UNKNOWN_ID not in {d.id for d in resource.devices}
+        try:
+            answer = direct.hook.devicehost_allocate(resource=resource.name, device_ids=(UNKNOWN_ID,))
+        except Exception:
+            continue
+        broken("unknown-ids-backend", f"{resource.name}: allocate of {UNKNOWN_ID!r} returned {answer!r:.200}")
+
+
+@pytest.mark.asyncio
+async def test_every_device_allocates_over_the_wire(
+    served: list[Resource], kubelet: KubeletStandIn, host: Host
+) -> None:
+    failures = []
+    for resource in served:
+        view = await _view(kubelet, resource, "allocation-wire")
+        for device in (d.id for d in view.devices if d.healthy):
+            try:
+                response = await kubelet.allocate_ids(resource.name, [device])
+            except grpc.aio.AioRpcError as exc:
+                failures.append(f"{resource.name} {device}: {exc.code().name} {exc.details()}")
+                continue
+            assert len(response.container_responses) == 1
+    if failures:
+        broken("allocation-wire", "; ".join(failures[:5]))
+
+
+@pytest.mark.asyncio
+async def test_kubelet_admission_succeeds(served: list[Resource], kubelet: KubeletStandIn, host: Host) -> None:
+    for resource in served:
+        view = await _view(kubelet, resource, "admission")
+        count = min(2, view.healthy)
+        if count == 0:
+            continue
+        try:
+            result = await kubelet.allocate(resource.name, count)
+        except (grpc.aio.AioRpcError, AdmissionError) as exc:
+            broken("admission", f"{resource.name}, {count} devices: {exc}")
+        assert len(result.device_ids) == count
+        assert result.pre_started == view.options.pre_start_required
+
+
+@pytest.mark.asyncio
+async def test_host_refuses_unknown_ids(served: list[Resource], kubelet: KubeletStandIn, host: Host) -> None:
+    for resource in served:
+        view = await _view(kubelet, resource, "unknown-ids-host")
+        for ids in ([UNKNOWN_ID], [*(d.id for d in view.devices[:1]), UNKNOWN_ID]):
+            try:
+                await kubelet.allocate_ids(resource.name, ids)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                    broken("unknown-ids-host", f"{resource.name} {ids}: {exc.code().name} {exc.details()}")
+                continue
+            broken("unknown-ids-host", f"{resource.name}: Allocate of {ids} succeeded")
+
+
+@pytest.fixture
+def preferring(direct: DirectBackend, served: list[Resource]) -> list[Resource]:
+    """The resources to ask for preferred allocations; skips backends without the hook."""
+    if not direct.implements("devicehost_preferred_allocation"):
+        pytest.skip("devicehost_preferred_allocation is not implemented")
+    return [r for r in served if r.devices]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_preferred_allocation_is_well_formed(
+    direct: DirectBackend, preferring: list[Resource], data: st.DataObject
+) -> None:
+    resource = data.draw(st.sampled_from(preferring), label="resource")
+    ids = [d.id for d in resource.devices]
+    available = data.draw(st.lists(st.sampled_from(ids), min_size=1, unique=True), label="available")
+    must_include = data.draw(st.lists(st.sampled_from(available), unique=True), label="must_include")
+    size = data.draw(st.integers(max(1, len(must_include)), len(available)), label="size")
+    request = PreferredAllocationRequest(tuple(available), tuple(must_include), size)
+    what = f"devicehost_preferred_allocation({resource.name!r}, {request})"
+    answer = _call(
+        "preferred-allocation",
+        what,
+        direct.hook.devicehost_preferred_allocation,
+        resource=resource.name,
+        request=request,
+    )
+    problem = rules.preferred_allocation_problem(answer, available, must_include, size)
+    if problem:
+        broken("preferred-allocation", f"{what} {problem}")
+
+
+# -- life cycle ------------------------------------------------------------------------------
+
+
+def test_start_and_stop_repeat_and_release(direct: DirectBackend, served: list[Resource]) -> None:
+    if not (direct.implements("devicehost_start") or direct.implements("devicehost_stop")):
+        pytest.skip("neither devicehost_start nor devicehost_stop is implemented")
+    notifier = NullNotifier()
+
+    def run(step: str, hook: str) -> None:
+        for resource in served:
+            args: dict[str, Any] = {"resource": resource.name}
+            if hook == "devicehost_start":
+                args["notifier"] = notifier
+            _call("start-stop", f"{resource.name}: {step}", getattr(direct.hook, hook), **args)
+
+    def again() -> None:
+        run("second stop", "devicehost_stop")
+        run("start after stop", "devicehost_start")
+        run("stop after the second start", "devicehost_stop")
+
+    run("start", "devicehost_start")  # the first cycle may import or cache what later ones reuse
+    run("stop", "devicehost_stop")
+    leaks = leaks_after(again)
+    if leaks:
+        broken("start-stop", f"left behind after stop: {', '.join(leaks)}")
+
+
+@pytest.mark.asyncio
+async def test_survives_a_kubelet_restart(served: list[Resource], kubelet: KubeletStandIn, host: Host) -> None:
+    for resource in served:
+        await _view(kubelet, resource, "kubelet-restart")
+    since = len(kubelet.events)
+    await kubelet.restart()
+    for resource in served:
+        try:
+            await kubelet.wait_for_event(EventKind.REGISTERED, resource.name, since=since, timeout=WAIT)
+        except AssertionError as exc:
+            broken("kubelet-restart", f"{resource.name} did not register again: {exc}")
+        view = await _view(kubelet, resource, "kubelet-restart")
+        assert view.registrations == 2

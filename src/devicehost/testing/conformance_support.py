@@ -1,0 +1,173 @@
+"""What the conformance suite checks with: its rules, the backend called directly, leak probes.
+
+Every failure names one of :data:`RULES` as ``[rule-id]`` and says what the backend did.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pluggy
+import pytest
+from stevedore import DriverManager
+
+from devicehost.hookspecs import ENTRY_POINT_GROUP, rules, spec
+from devicehost.hookspecs.types import Device, Health, Resource
+
+RULES = {
+    "entry-point": "the backend loads through its devicehost.backends entry point, as the host loads it",
+    "sync-hooks": "every hook implementation is a plain (synchronous) def",
+    "required-hooks": "devicehost_discover and devicehost_allocate are implemented",
+    "hook-specs": "every @devicehost.hookimpl names a hook spec and takes only that spec's arguments",
+    "settings": "devicehost_configure accepts the settings given with --devicehost-settings",
+    "discovery-shape": "devicehost_discover returns a sequence of devicehost.Resource holding devicehost.Device",
+    "has-devices": "with the settings given, discovery offers at least one valid resource with devices",
+    "resource-name": "every resource name passes the kubelet's IsExtendedResourceName rule",
+    "device-id": "device IDs are non-empty, at most 63 characters and unique within their resource",
+    "stable-discovery": "two discoveries in a row give the same resource names and device IDs",
+    "health-values": "health is Healthy or Unhealthy, and devicehost_health names only the resource's devices",
+    "health-both-ways": "a device the backend can make Unhealthy turns Healthy again (conformance_set_health)",
+    "allocation-answer": "devicehost_allocate answers every healthy device with a well-formed ContainerAllocation",
+    "allocation-wire": "every advertised healthy device can be allocated by the kubelet over the wire",
+    "admission": "the kubelet's admission (GetPreferredAllocation, Allocate, PreStartContainer) succeeds",
+    "unknown-ids-host": "Allocate of unknown device IDs gets INVALID_ARGUMENT from the host",
+    "unknown-ids-backend": "devicehost_allocate raises for device IDs the resource does not have",
+    "start-stop": "devicehost_start/devicehost_stop can be repeated and stop releases what start took",
+    "preferred-allocation": "devicehost_preferred_allocation returns exactly size distinct available IDs, must-include ones among them",
+    "kubelet-restart": "every resource registers again, with its devices, after the kubelet restarts",
+}
+
+HEALTH_TOGGLE = "conformance_set_health"
+"""Optional, not a hook: ``conformance_set_health(resource, device_id, health)`` on the backend
+object makes a device turn that health the way a real fault or recovery would (through its
+notifier or its ``devicehost_health`` answer). Having it declares that health goes both ways."""
+
+UNKNOWN_ID = "devicehost-conformance-no-such-device"
+THREAD_EXIT_WAIT = 2.0
+
+
+def broken(rule: str, detail: str) -> NoReturn:
+    """Fail the current check, naming the rule and what the backend did."""
+    pytest.fail(f"[{rule}] {RULES[rule]}: {detail}", pytrace=False)
+
+
+def load_plugin(name: str) -> object:
+    """The object behind entry point ``name`` via stevedore; classes instantiated with no arguments."""
+    failure: list[str] = []
+
+    def on_failure(_manager: object, entry_point: Any, exc: BaseException) -> None:
+        failure.append(f"import of {entry_point.value} failed: {type(exc).__name__}: {exc}")
+
+    try:
+        manager = DriverManager(ENTRY_POINT_GROUP, name, on_load_failure_callback=on_failure)
+    except Exception as exc:  # stevedore's NoMatches, or the load failure again
+        broken("entry-point", "; ".join(failure) or f"{type(exc).__name__}: {exc}")
+    plugin = manager.driver
+    try:
+        return plugin() if isinstance(plugin, type) else plugin
+    except Exception as exc:
+        broken("entry-point", f"{plugin!r}() raised {type(exc).__name__}: {exc}")
+
+
+class DirectBackend:
+    """The backend's hooks called in this thread through pluggy, as the host calls them."""
+
+    def __init__(self, name: str, plugin: object) -> None:
+        self.name = name
+        self.plugin = plugin
+        self._pm = pluggy.PluginManager(spec.PROJECT_NAME)
+        self._pm.add_hookspecs(spec)
+        self._pm.register(plugin, name=name)
+        self._pm.check_pending()
+
+    @property
+    def hook(self) -> Any:
+        """pluggy's hook relay: ``direct.hook.devicehost_discover()``."""
+        return self._pm.hook
+
+    def implements(self, hook: str) -> bool:
+        """Whether the backend has an implementation of ``hook``."""
+        return bool(getattr(self._pm.hook, hook).get_hookimpls())
+
+    def discover(self) -> list[Resource]:
+        """One discovery, its shape checked."""
+        answer = self.hook.devicehost_discover()
+        if answer is None:
+            return []
+        if not isinstance(answer, (list, tuple)) or not all(isinstance(r, Resource) for r in answer):
+            broken("discovery-shape", f"returned {answer!r:.200}")
+        for resource in answer:
+            if not isinstance(resource.devices, (list, tuple)) or not all(
+                isinstance(d, Device) for d in resource.devices
+            ):
+                broken("discovery-shape", f"{resource.name}: devices {resource.devices!r:.200}")
+        return list(answer)
+
+
+def servable(resources: Sequence[Resource]) -> list[Resource]:
+    """The resources the host would serve: valid names and device IDs, each name once."""
+    names = [r.name for r in resources]
+    return [
+        r
+        for r in resources
+        if isinstance(r.name, str)
+        and rules.resource_name_problem(r.name) is None
+        and rules.device_ids_problem(d.id for d in r.devices) is None
+        and names.count(r.name) == 1
+    ]
+
+
+def healthy_ids(resource: Resource) -> list[str]:
+    """IDs of the resource's devices that discovery reported Healthy."""
+    return [d.id for d in resource.devices if d.health == Health.HEALTHY]
+
+
+class NullNotifier:
+    """A ResourceNotifier for direct start calls: counts what the backend pushes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def _count(self) -> None:
+        with self._lock:
+            self.calls += 1
+
+    def set_health(self, health: object) -> None:
+        self._count()
+
+    def set_devices(self, devices: object) -> None:
+        self._count()
+
+    def rediscover(self) -> None:
+        self._count()
+
+
+def open_fds() -> dict[int, str]:
+    """This process's open file descriptors and what they point at."""
+    found = {}
+    for entry in Path("/proc/self/fd").iterdir():
+        try:
+            found[int(entry.name)] = os.readlink(entry)
+        except OSError:  # the fd of the directory listing itself, closed by now
+            continue
+    return found
+
+
+def leaks_after(action: Callable[[], None]) -> list[str]:
+    """Threads and file descriptors that ``action`` left behind (threads get a moment to end)."""
+    threads = set(threading.enumerate())
+    fds = open_fds()
+    action()
+    left = [t for t in threading.enumerate() if t not in threads]
+    deadline = time.monotonic() + THREAD_EXIT_WAIT
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    leaks = [f"thread {t.name!r}" for t in left if t.is_alive()]
+    leaks += [f"fd {fd} -> {target}" for fd, target in open_fds().items() if fds.get(fd) != target]
+    return leaks
