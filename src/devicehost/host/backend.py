@@ -13,6 +13,9 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import itertools
+import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -93,12 +96,20 @@ class Backend:
             raise BackendContractError(str(exc)) from exc
         self._implemented = frozenset(impls)
         self._executor = ThreadPoolExecutor(MAX_THREADS_PER_BACKEND, thread_name_prefix=f"backend-{name}")
-        self._running = 0
+        self._running: dict[int, tuple[str, float]] = {}
+        self._call_ids = itertools.count()
+        self.failures: Counter[str] = Counter()
+        """Hook calls that raised, timed out or were refused as busy, by hook name."""
 
     @property
     def busy(self) -> bool:
         """Whether hook calls are still running (hung ones included)."""
-        return self._running > 0
+        return bool(self._running)
+
+    def stuck_hooks(self) -> list[str]:
+        """Hooks still running past the hook timeout (their threads never came back)."""
+        deadline = time.monotonic() - self.hook_timeout
+        return [hook for hook, started in list(self._running.values()) if started < deadline]
 
     def implements(self, hook: str) -> bool:
         """Whether the backend has an implementation of ``hook``."""
@@ -106,25 +117,31 @@ class Backend:
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
         """Run one hook in the backend's pool, bounded by the hook timeout."""
-        if self._running >= MAX_THREADS_PER_BACKEND:
+        if len(self._running) >= MAX_THREADS_PER_BACKEND:
+            self.failures[hook] += 1
             raise BackendBusy(
-                self.name, hook, f"not called: {self._running} earlier hook calls have not returned"
+                self.name, hook, f"not called: {len(self._running)} earlier hook calls have not returned"
             )
         caller = getattr(self._pm.hook, hook)
         context = contextvars.copy_context()
         call = functools.partial(context.run, functools.partial(caller, **kwargs))
-        self._running += 1
+        call_id = next(self._call_ids)
+        self._running[call_id] = (hook, time.monotonic())
         future = asyncio.get_running_loop().run_in_executor(self._executor, call)
-        future.add_done_callback(self._finished)
+        future.add_done_callback(lambda _: self._running.pop(call_id, None))
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.hook_timeout)
         except TimeoutError:
+            self.failures[hook] += 1
             raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None
         except Exception as exc:
+            self.failures[hook] += 1
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
 
-    def _finished(self, _: object) -> None:
-        self._running -= 1
+    def refuse(self, hook: str, problem: str) -> HookError:
+        """Count and describe an answer that breaks the contract."""
+        self.failures[hook] += 1
+        return HookError(self.name, hook, problem)
 
     async def configure(self, settings: Mapping[str, Any]) -> None:
         await self._call("devicehost_configure", settings=settings)
@@ -134,13 +151,13 @@ class Backend:
         if answer is None:
             return []
         if not isinstance(answer, (list, tuple)) or not all(isinstance(r, Resource) for r in answer):
-            raise HookError(self.name, "devicehost_discover", "must return a list of devicehost.Resource")
+            raise self.refuse("devicehost_discover", "must return a list of devicehost.Resource")
         for resource in answer:
             if not isinstance(resource.devices, (list, tuple)) or not all(
                 isinstance(d, Device) for d in resource.devices
             ):
-                raise HookError(
-                    self.name, "devicehost_discover", f"{resource.name}: devices must be devicehost.Device"
+                raise self.refuse(
+                    "devicehost_discover", f"{resource.name}: devices must be devicehost.Device"
                 )
         return list(answer)
 
@@ -149,11 +166,11 @@ class Backend:
         if answer is None:
             return {}
         if not isinstance(answer, Mapping):
-            raise HookError(self.name, "devicehost_health", "must return a mapping of device ID to Health")
+            raise self.refuse("devicehost_health", "must return a mapping of device ID to Health")
         try:
             return {str(k): Health(v) for k, v in answer.items()}
         except ValueError as exc:
-            raise HookError(self.name, "devicehost_health", f"returned an invalid health: {exc}") from None
+            raise self.refuse("devicehost_health", f"returned an invalid health: {exc}") from None
 
     async def start(self, resource: str, notifier: ResourceNotifier) -> None:
         await self._call("devicehost_start", resource=resource, notifier=notifier)

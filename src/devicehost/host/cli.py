@@ -77,12 +77,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     backends = commands.add_parser("backends", help="list installed backends, their status and resources")
     _add_config_options(backends)
+
+    config = commands.add_parser("config", help="validate a config file or show the effective configuration")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = config_commands.add_parser("check", help="validate FILE without starting anything")
+    check.add_argument("file", type=Path, metavar="FILE")
+    show = config_commands.add_parser("show", help="print the configuration flags, env and file add up to")
+    _add_config_options(show)
+
+    status = commands.add_parser("status", help="show the state of a running host (its /status endpoint)")
+    status.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="the host's metrics address (default: metrics_address of the config / DEVICEHOST_METRICS_ADDRESS)",
+    )
+    status.add_argument("--config", type=Path, help="YAML config file (env DEVICEHOST_CONFIG)")
     return parser
 
 
 def _cli_values(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "device_plugins_dir",
+        "plugins_registry_dir",
+        "registration_mode",
+        "metrics_address",
         "enabled_backends",
         "disabled_backends",
         "rediscover_interval",
@@ -99,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from devicehost.host.config import ConfigError, build_config
 
     def load() -> Any:
+        if args.command == "config" and args.config_command == "check":
+            return build_config(args.file, environ={})
         return build_config(args.config, _cli_values(args))
 
     try:
@@ -106,9 +126,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"devicehost: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "config":
+        return _config_command(args, config)
+    if args.command == "status":
+        from devicehost.host.status import print_status
+
+        return print_status(args.address or config.metrics_address)
     if args.command == "backends":
         return _backends_command(config)
     return _run_command(config, load, simulate=args.simulate_kubelet)
+
+
+def _config_command(args: argparse.Namespace, config: Any) -> int:
+    if args.config_command == "check":
+        print(f"{args.file}: valid")
+        return EXIT_OK
+    import yaml
+
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+    return EXIT_OK
 
 
 def _load(config: Any) -> Any:

@@ -12,14 +12,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 DEFAULT_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
 ENV_CONFIG = "DEVICEHOST_CONFIG"
 
 # Environment variable -> config key. Lists are comma-separated.
 ENV_KEYS: dict[str, str] = {
     "DEVICEHOST_DEVICE_PLUGINS_DIR": "device_plugins_dir",
+    "DEVICEHOST_PLUGINS_REGISTRY_DIR": "plugins_registry_dir",
+    "DEVICEHOST_REGISTRATION_MODE": "registration_mode",
+    "DEVICEHOST_METRICS_ADDRESS": "metrics_address",
+    "DEVICEHOST_CDI_DIR": "cdi_dir",
     "DEVICEHOST_BACKENDS": "enabled_backends",
     "DEVICEHOST_DISABLED_BACKENDS": "disabled_backends",
     "DEVICEHOST_REDISCOVER_INTERVAL": "rediscover_interval",
@@ -43,6 +57,15 @@ class HostConfig(BaseModel):
     device_plugins_dir: Path = Field(
         DEFAULT_DEVICE_PLUGINS_DIR, description="the kubelet's device-plugins dir (kubelet.sock lives here)"
     )
+    plugins_registry_dir: Path = Field(
+        DEFAULT_PLUGINS_REGISTRY_DIR,
+        description="the kubelet's plugin-watcher dir (registration mode watcher)",
+    )
+    registration_mode: Literal["auto", "kubelet", "watcher"] = Field(
+        "auto",
+        description="kubelet: Register on kubelet.sock; watcher: a socket in plugins_registry_dir; "
+        "auto: watcher when the kubelet wrote DEPRECATION in the device-plugins dir",
+    )
     enabled_backends: tuple[str, ...] = Field(
         (), description="load only these backends, in this order; empty loads every installed one"
     )
@@ -63,6 +86,33 @@ class HostConfig(BaseModel):
         "auto", description="json off a terminal, console on one, when auto"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")
+    metrics_address: str = Field(
+        "", description="HOST:PORT serving /metrics, /healthz, /readyz and /status; empty: off"
+    )
+    cdi_dir: Path = Field(DEFAULT_CDI_DIR, description="where backends write CDI specs (devicehost.cdi)")
+
+    @field_validator("socket_mode", mode="before")
+    @classmethod
+    def _octal_text(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return int(value, 8)
+            except ValueError:
+                raise ValueError("must be octal permission bits such as '0600'") from None
+        return value
+
+    @field_serializer("socket_mode")
+    def _show_octal(self, value: int) -> str:
+        return f"0{value:o}"
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        if value:
+            _, sep, port = value.rpartition(":")
+            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError("must be HOST:PORT (e.g. 0.0.0.0:9464), or empty to turn it off")
+        return value
 
     @field_validator("socket_mode")
     @classmethod

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -21,8 +22,12 @@ from devicehost.hookspecs.types import Resource
 from devicehost.host.backend import Backend, HookError
 from devicehost.host.config import ConfigError, HostConfig
 from devicehost.host.kubelet import KubeletClient, KubeletWatcher
+from devicehost.host.metrics import HostMetrics
 from devicehost.host.resource import ResourceServer
 from devicehost.host.sockets import new_token, remove_stale
+
+if TYPE_CHECKING:
+    from devicehost.host.probes import ProbeServer
 
 log = structlog.get_logger(__name__)
 
@@ -35,9 +40,12 @@ class Host:
         config: HostConfig,
         backends: Sequence[Backend],
         reload_config: Callable[[], HostConfig] | None = None,
+        failed_backends: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config
         self.backends = {b.name: b for b in backends}
+        self.failed_backends: dict[str, str] = dict(failed_backends or {})
+        """Backends that did not load or whose settings were refused, with the reason."""
         self.resources: dict[str, ResourceServer] = {}
         self.token = new_token()
         self.watcher = KubeletWatcher(config.device_plugins_dir)
@@ -48,6 +56,8 @@ class Host:
         self._reload_requested = False
         self.stopping = asyncio.Event()
         self.discoveries = 0
+        self.metrics = HostMetrics()
+        self.metrics.watch(self)
 
     def request_rediscovery(self) -> None:
         """Run discovery now (thread-unsafe: call on the loop)."""
@@ -67,6 +77,7 @@ class Host:
         removed = remove_stale(self.config.device_plugins_dir)
         if removed:
             log.info("removed stale sockets of an earlier host", sockets=removed)
+        probes = await self._start_probes()
         watch = asyncio.create_task(self.watcher.run(), name="kubelet watcher")
         try:
             await self._configure_all()
@@ -83,6 +94,19 @@ class Host:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
+            if probes is not None:
+                await probes.stop()
+
+    async def _start_probes(self) -> ProbeServer | None:
+        """Serve /metrics, /healthz, /readyz and /status when metrics_address is set."""
+        if not self.config.metrics_address:
+            return None
+        from devicehost.host.probes import ProbeServer
+
+        probes = ProbeServer(self, self.config.metrics_address)
+        await probes.start()
+        log.info("serving metrics and probes", address=self.config.metrics_address)
+        return probes
 
     async def shutdown(self) -> None:
         """Withdraw every resource (sockets removed, stop hooks called) and close the backends."""
@@ -106,6 +130,7 @@ class Host:
             await backend.configure(settings)
         except HookError as exc:
             log.error("backend settings refused", backend=backend.name, error=str(exc))
+            self.failed_backends[backend.name] = f"settings refused: {exc}"
             return False
         return True
 
@@ -197,6 +222,7 @@ class Host:
             watcher=self.watcher,
             client=self._client,
             request_rediscovery=self.request_rediscovery,
+            observe_allocation=self.metrics.allocation_seconds.labels(resource.name).observe,
         )
         try:
             await server.start()

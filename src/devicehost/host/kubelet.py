@@ -2,7 +2,7 @@
 
 :class:`KubeletWatcher` follows the device-plugins dir with inotify (and a slow poll as a safety
 net for a dir that is deleted and recreated) and tells subscribers when ``kubelet.sock`` gets a
-new inode (or is created anew) or a file they own disappears. :class:`KubeletClient` keeps one
+new inode (or is created anew: a new ctime) or a file they own disappears. :class:`KubeletClient` keeps one
 channel per ``kubelet.sock`` generation: a channel to a restarted kubelet's old socket would wait
 out gRPC's reconnect backoff, a fresh one connects at once.
 """
@@ -18,7 +18,7 @@ import grpc
 import structlog
 from asyncinotify import Inotify, Mask
 
-from devicehost.host.sockets import KUBELET_SOCKET, inode_of
+from devicehost.host.sockets import KUBELET_SOCKET
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -40,14 +40,30 @@ class KubeletWatcher:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.kubelet_socket = directory / KUBELET_SOCKET
-        self.inode: int | None = inode_of(self.kubelet_socket)
-        self.generation = 0
-        """Bumped whenever kubelet.sock is created anew: a freed inode number can be reused at
-        once, so a restart is also told by inotify's CREATE, not only by a new inode."""
+        self._identity: tuple[int, int, int] | None = None
+        self._inode: int | None = None
+        self._generation = 0
         self._present = asyncio.Event()
         self._subscribers: set[Callable[[], None]] = set()
-        if self.inode is not None:
-            self._present.set()
+        self._check()
+
+    @property
+    def inode(self) -> int | None:
+        """The inode of ``kubelet.sock`` now (None while it is absent)."""
+        self._check()
+        return self._inode
+
+    @property
+    def generation(self) -> int:
+        """Bumped whenever a different ``kubelet.sock`` file is there, looked up when read.
+
+        A file is told by (device, inode, ctime): the filesystem can hand a freed inode number
+        straight to the next kubelet.sock. Reading it fresh means a caller never pairs a Register
+        sent to a new kubelet with the generation of the one before, which inotify has not told
+        yet; and as one file is counted once, a late event for it bumps nothing.
+        """
+        self._check()
+        return self._generation
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the loop) after any change in the dir."""
@@ -62,19 +78,29 @@ class KubeletWatcher:
             await self._present.wait()
         return self.inode
 
-    def refresh(self, created: bool = False) -> None:
-        """Look at the dir again (``created``: kubelet.sock was just created) and tell every subscriber."""
-        inode = inode_of(self.kubelet_socket)
-        if inode != self.inode or (created and inode is not None):
-            log.info("kubelet socket changed", present=inode is not None, inode=inode)
-            self.inode = inode
-            self.generation += 1
-            if inode is None:
-                self._present.clear()
-            else:
-                self._present.set()
+    def refresh(self) -> None:
+        """Look at the dir again and tell every subscriber."""
+        self._check()
         for callback in list(self._subscribers):
             callback()
+
+    def _check(self) -> None:
+        try:
+            st = self.kubelet_socket.lstat()
+        except FileNotFoundError:
+            identity = None
+        else:
+            identity = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        if identity == self._identity:
+            return
+        self._identity = identity
+        self._inode = None if identity is None else identity[1]
+        self._generation += 1
+        log.info("kubelet socket changed", present=identity is not None, inode=self._inode)
+        if identity is None:
+            self._present.clear()
+        else:
+            self._present.set()
 
     async def run(self) -> None:
         """Watch until cancelled."""
@@ -100,8 +126,7 @@ class KubeletWatcher:
                 self.refresh()
                 continue
             gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))
-            created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO)) and str(event.name) == KUBELET_SOCKET
-            self.refresh(created)
+            self.refresh()
             if gone:
                 log.warning(
                     "device-plugins dir was removed; waiting for it to come back", dir=str(self.directory)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class ResourceServer:
         watcher: KubeletWatcher,
         client: KubeletClient,
         request_rediscovery: Callable[[], None],
+        observe_allocation: Callable[[float], None],
     ) -> None:
         self.backend = backend
         self.name = resource.name
@@ -85,6 +87,7 @@ class ResourceServer:
         self.socket_name = socket_name(resource.name, token, directory)
         self.health_interval = health_interval
         self.registrations = 0
+        self.registration_reasons: Counter[str] = Counter()
         self.last_registration_seconds: float | None = None
         self._token = token
         self._socket_mode = socket_mode
@@ -98,7 +101,9 @@ class ResourceServer:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._notifier = Notifier(asyncio.get_running_loop(), self)
-        self.servicer = DevicePluginServicer(backend, resource.name, self.table, self._on_stream_lost)
+        self.servicer = DevicePluginServicer(
+            backend, resource.name, self.table, self._on_stream_lost, observe_allocation
+        )
         self._log = log.bind(resource=self.name, backend=backend.name)
 
     @property
@@ -241,6 +246,7 @@ class ResourceServer:
             delay = BACKOFF_INITIAL
             self._registered_generation = generation
             self.registrations += 1
+            self.registration_reasons[reason] += 1
             self.last_registration_seconds = time.monotonic() - started
             self._log.info(
                 "registered",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NoReturn
 
@@ -46,7 +47,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """Serves one resource of one backend."""
 
     def __init__(
-        self, backend: Backend, resource: str, table: DeviceTable, on_stream_lost: Callable[[int], None]
+        self,
+        backend: Backend,
+        resource: str,
+        table: DeviceTable,
+        on_stream_lost: Callable[[int], None],
+        observe_allocation: Callable[[float], None],
     ) -> None:
         self.backend = backend
         self.resource = resource
@@ -55,6 +61,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.epoch = 0
         """Bumped by the resource before each Register: streams opened since belong to it."""
         self._streams: set[_Stream] = set()
+        self._observe_allocation = observe_allocation
+        self.updates_sent = 0
+        self.allocations = 0
+        self.errors: Counter[str] = Counter()
+        """Calls answered with an error, by gRPC status code name."""
         self.options = api_pb2.DevicePluginOptions(
             pre_start_required=backend.implements("devicehost_pre_start_container"),
             get_preferred_allocation_available=backend.implements("devicehost_preferred_allocation"),
@@ -101,6 +112,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                         continue
                     sent_version = self.table.version
                     last_sent = time.monotonic()
+                    self.updates_sent += 1
                     yield self.table.message()
                     continue
                 await self.table.wait_for_change(sent_version)
@@ -111,13 +123,18 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 log.warning("ListAndWatch stream ended by the kubelet")
                 self._on_stream_lost(stream.epoch)
 
-    async def Allocate(
-        self,
-        request: api_pb2.AllocateRequest,
-        context: Context,
-    ) -> api_pb2.AllocateResponse:
+    async def Allocate(self, request: api_pb2.AllocateRequest, context: Context) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
+        try:
+            response = await self._allocate(request, context)
+        finally:
+            self._observe_allocation(time.perf_counter() - started)
+        self.allocations += 1
+        return response
+
+    async def _allocate(self, request: api_pb2.AllocateRequest, context: Context) -> api_pb2.AllocateResponse:
         if not request.container_requests:
-            await _abort(
+            await self._abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "AllocateRequest has no container requests"
             )
         responses = []
@@ -127,7 +144,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             try:
                 allocation = await self.backend.allocate(self.resource, ids)
             except HookError as exc:
-                await _abort_hook(context, exc)
+                await self._abort_hook(context, exc)
             problem = rules.allocation_problem(allocation)
             if problem:
                 await self._abort_answer(context, "devicehost_allocate", problem)
@@ -141,7 +158,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         context: Context,
     ) -> api_pb2.PreferredAllocationResponse:
         if not self.backend.implements("devicehost_preferred_allocation"):
-            await _abort(
+            await self._abort(
                 context, grpc.StatusCode.UNIMPLEMENTED, f"{self.resource} has no preferred allocation"
             )
         responses = []
@@ -151,7 +168,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             size = container.allocation_size
             await self._check_known(context, (*available, *must_include))
             if not set(must_include) <= set(available) or not len(must_include) <= size <= len(available):
-                await _abort(
+                await self._abort(
                     context,
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"cannot pick {size} of {len(available)} available devices including {len(must_include)}"
@@ -161,7 +178,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             try:
                 answer = await self.backend.preferred_allocation(self.resource, ask)
             except HookError as exc:
-                await _abort_hook(context, exc)
+                await self._abort_hook(context, exc)
             problem = rules.preferred_allocation_problem(answer, available, must_include, size)
             if problem:
                 await self._abort_answer(context, "devicehost_preferred_allocation", problem)
@@ -179,45 +196,48 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             try:
                 await self.backend.pre_start_container(self.resource, ids)
             except HookError as exc:
-                await _abort_hook(context, exc)
+                await self._abort_hook(context, exc)
         return api_pb2.PreStartContainerResponse()
 
     async def _check_ids(self, context: Context, ids: Sequence[str]) -> None:
         """A container's IDs: at least one, no repeats, all known."""
         if not ids:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a container request names no device IDs")
+            await self._abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "a container request names no device IDs"
+            )
         if len(set(ids)) != len(ids):
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a container request repeats a device ID")
+            await self._abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "a container request repeats a device ID"
+            )
         await self._check_known(context, ids)
 
     async def _check_known(self, context: Context, ids: Sequence[str]) -> None:
         unknown = self.table.unknown(ids)
         if unknown:
             shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
-            await _abort(
+            await self._abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"unknown device IDs for {self.resource}: {shown}",
             )
 
-    async def _abort_answer(self, context: Context, hook: str, problem: str) -> None:
-        message = f"backend {self.backend.name!r} {hook} {problem}"
+    async def _abort_answer(self, context: Context, hook: str, problem: str) -> NoReturn:
+        error = self.backend.refuse(hook, problem)
         log.error("hook answer refused", hook=hook, problem=problem)
-        await _abort(context, grpc.StatusCode.INTERNAL, message)
+        await self._abort(context, grpc.StatusCode.INTERNAL, str(error))
 
+    async def _abort(self, context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
+        self.errors[code.name] += 1
+        await context.abort(code, message)
+        raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
-async def _abort(context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
-    await context.abort(code, message)
-    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
-
-
-async def _abort_hook(context: Context, exc: HookError) -> NoReturn:
-    """Answer a failed hook with the status that says what happened."""
-    if isinstance(exc, HookTimeout):
-        code = grpc.StatusCode.DEADLINE_EXCEEDED
-    elif isinstance(exc, BackendBusy):
-        code = grpc.StatusCode.UNAVAILABLE
-    else:
-        code = grpc.StatusCode.UNKNOWN
-    log.error("hook failed", hook=exc.hook, error=str(exc), code=code.name)
-    await _abort(context, code, str(exc))
+    async def _abort_hook(self, context: Context, exc: HookError) -> NoReturn:
+        """Answer a failed hook with the status that says what happened."""
+        if isinstance(exc, HookTimeout):
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+        elif isinstance(exc, BackendBusy):
+            code = grpc.StatusCode.UNAVAILABLE
+        else:
+            code = grpc.StatusCode.UNKNOWN
+        log.error("hook failed", hook=exc.hook, error=str(exc), code=code.name)
+        await self._abort(context, code, str(exc))

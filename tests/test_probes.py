@@ -1,0 +1,155 @@
+"""Metrics, probes and ``devicehost status`` against a running host, across a kubelet restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from hostfakes import ScriptedBackend, running_host, widgets
+
+from devicehost import Health
+from devicehost.testing.kubelet import KubeletStandIn
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def get(port: int, path: str) -> tuple[int, str]:
+    def fetch() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    return await asyncio.to_thread(fetch)
+
+
+def sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text format (0 if absent)."""
+    for line in metrics.splitlines():
+        match = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+        if match and all(f'{k}="{v}"' in match[1] for k, v in labels.items()):
+            return float(match[2])
+    return 0.0
+
+
+async def test_metrics_and_probes_before_and_after_a_kubelet_restart(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    port = free_port()
+    backend = ScriptedBackend(widgets("example.com/widget", 4))
+    async with running_host(plugin_dir, {"ex": backend}, metrics_address=f"127.0.0.1:{port}"):
+        await kubelet.wait_for_resource("example.com/widget", healthy=4)
+        assert await get(port, "/healthz") == (200, "ok\n")
+        assert (await get(port, "/readyz"))[0] == 200
+        backend.notifiers["example.com/widget"].set_health({"w3": Health.UNHEALTHY})
+        await kubelet.wait_for_resource("example.com/widget", healthy=3)
+        await kubelet.allocate("example.com/widget", 1)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await kubelet.allocate_ids("example.com/widget", ["nope"])
+        _, metrics = await get(port, "/metrics")
+        labels = {"resource": "example.com/widget", "backend": "ex"}
+        assert sample(metrics, "devicehost_devices", **labels, health="Healthy") == 3
+        assert sample(metrics, "devicehost_devices", **labels, health="Unhealthy") == 1
+        assert sample(metrics, "devicehost_resource_registered", **labels) == 1
+        assert sample(metrics, "devicehost_listandwatch_streams", **labels) == 1
+        assert sample(metrics, "devicehost_listandwatch_updates_total", **labels) == 2
+        assert sample(metrics, "devicehost_registrations_total", **labels, reason="start") == 1
+        assert sample(metrics, "devicehost_allocations_total", **labels) == 1
+        assert sample(metrics, "devicehost_errors_total", **labels, code="INVALID_ARGUMENT") == 1
+        assert (
+            sample(metrics, "devicehost_allocation_duration_seconds_count", resource="example.com/widget")
+            == 2
+        )
+        assert sample(metrics, "devicehost_backend_loaded", backend="ex") == 1
+
+        await kubelet.crash(0.0)
+        await kubelet.wait_for_resource("example.com/widget", healthy=3)
+        assert (await get(port, "/readyz"))[0] == 200
+        _, metrics = await get(port, "/metrics")
+        assert sample(metrics, "devicehost_resource_registered", **labels) == 1
+        restarts = sum(
+            sample(metrics, "devicehost_registrations_total", **labels, reason=reason)
+            for reason in ("kubelet restarted", "stream lost", "socket removed", "kubelet appeared")
+        )
+        assert restarts == 1
+        assert sample(metrics, "devicehost_devices", **labels, health="Healthy") == 3
+
+
+async def test_readyz_fails_while_the_kubelet_is_gone(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
+    port = free_port()
+    backend = ScriptedBackend(widgets("example.com/widget", 1))
+    async with running_host(plugin_dir, {"ex": backend}, metrics_address=f"127.0.0.1:{port}"):
+        await kubelet.wait_for_resource("example.com/widget", healthy=1)
+        await kubelet.stop()
+        status, text = await get(port, "/readyz")
+        assert status == 503
+        assert "example.com/widget" in text
+
+
+async def test_healthz_fails_while_a_hook_is_stuck(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
+    port = free_port()
+    backend = ScriptedBackend(widgets("example.com/widget", 1))
+    backend.hanging.add("devicehost_allocate")
+    async with running_host(
+        plugin_dir, {"stuck": backend}, metrics_address=f"127.0.0.1:{port}", hook_timeout=0.2
+    ):
+        await kubelet.wait_for_resource("example.com/widget", healthy=1)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await kubelet.allocate_ids("example.com/widget", ["w0"])
+        status, text = await get(port, "/healthz")
+        assert status == 503
+        assert text == "stuck: devicehost_allocate stuck past the hook timeout\n"
+        _, metrics = await get(port, "/metrics")
+        assert (
+            sample(metrics, "devicehost_hook_failures_total", backend="stuck", hook="devicehost_allocate")
+            == 1
+        )
+        assert sample(metrics, "devicehost_hooks_stuck", backend="stuck") == 1
+        backend.hang.set()
+        for _ in range(100):
+            if (await get(port, "/healthz"))[0] == 200:
+                break
+            await asyncio.sleep(0.02)
+        assert await get(port, "/healthz") == (200, "ok\n")
+
+
+async def test_status_endpoint_and_command(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
+    port = free_port()
+    backend = ScriptedBackend(widgets("example.com/widget", 2))
+    async with running_host(plugin_dir, {"ex": backend}, metrics_address=f"127.0.0.1:{port}"):
+        await kubelet.wait_for_resource("example.com/widget", healthy=2)
+        _, body = await get(port, "/status")
+        state = json.loads(body)
+        assert state["ready"] is True
+        assert state["resources"]["example.com/widget"]["healthy"] == 2
+        assert state["backends"]["ex"] == {"status": "loaded", "stuck_hooks": []}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "devicehost",
+            "status",
+            "--address",
+            f"127.0.0.1:{port}",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+        assert proc.returncode == 0
+        text = out.decode()
+        assert "ready: yes   live: yes" in text
+        assert re.search(r"example\.com/widget\s+ex\s+registered\s+2/2 healthy", text)
