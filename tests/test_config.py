@@ -55,7 +55,7 @@ def test_bad_files_name_the_key_and_what_it_expects(tmp_path: Path, text: str, m
 
 
 def test_missing_file_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read config file .*nope.yaml: No such file"):
+    with pytest.raises(ConfigError, match=r"cannot read config file .*nope\.yaml: No such file"):
         build_config(tmp_path / "nope.yaml", {}, {})
 
 
