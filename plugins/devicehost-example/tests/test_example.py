@@ -92,6 +92,11 @@ def test_allocate_without_cdi_gives_env_mount_and_device_nodes() -> None:
     assert list(allocation.cdi_devices) == []
 
 
+def test_allocate_refuses_unknown_widgets_naming_them() -> None:
+    with pytest.raises(ValueError, match=r"example.com/widget has no widgets \['widget-4'\]"):
+        configured().devicehost_allocate(WIDGET, ("widget-0", "widget-4"))
+
+
 def test_cdi_spec_is_written_on_start_and_removed_on_stop(tmp_path: Path) -> None:
     backend = configured(resources={WIDGET: 2, "example.com/gadget": 1}, cdi=True, cdi_dir=str(tmp_path))
     backend.devicehost_start(WIDGET, NullNotifier())

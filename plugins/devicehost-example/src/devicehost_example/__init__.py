@@ -113,7 +113,10 @@ class ExampleBackend:
         short = resource.split("/")[1]
         envs = {f"EXAMPLE_{short.upper().replace('-', '_').replace('.', '_')}S": ",".join(device_ids)}
         with self._lock:
+            unknown = set(device_ids) - set(_widget_ids(resource, self._resources.get(resource, 0)))
             spec_written = resource in self._spec_dirs
+        if unknown:  # the host checks too, but a backend must not trust its callers
+            raise ValueError(f"{resource} has no widgets {sorted(unknown)}")
         if spec_written:  # the runtime adds the device nodes and the mount from the spec
             return ContainerAllocation(
                 envs=envs, cdi_devices=[cdi.qualified_name(resource, i) for i in device_ids]
