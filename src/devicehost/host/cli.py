@@ -179,6 +179,8 @@ def _run_command(config: Any, reload_config: Any, simulate: bool) -> int:
 
         try:
             check_socket_dir(config.device_plugins_dir)
+            if config.registration_mode == "watcher":
+                check_socket_dir(config.plugins_registry_dir)
         except SocketDirError as exc:
             print(f"devicehost: {exc}", file=sys.stderr)
             return EXIT_USAGE

@@ -22,9 +22,10 @@ from pydantic import (
     field_validator,
 )
 
+from devicehost.cdi import DEFAULT_CDI_DIR
+
 DEFAULT_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
-DEFAULT_CDI_DIR = Path("/var/run/cdi")
 ENV_CONFIG = "DEVICEHOST_CONFIG"
 
 # Environment variable -> config key. Lists are comma-separated.

@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
+from devicehost import cdi
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Resource
 from devicehost.host.backend import Backend, HookError
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
     from devicehost.host.probes import ProbeServer
 
 log = structlog.get_logger(__name__)
+
+DEPRECATION_FILE = "DEPRECATION"
+"""Written by kubelets that register device plugins through the plugin watcher."""
 
 
 class Host:
@@ -75,8 +80,11 @@ class Host:
     async def run(self) -> None:
         """Serve until :meth:`request_stop`; then withdraw every resource."""
         removed = remove_stale(self.config.device_plugins_dir)
+        if self.config.plugins_registry_dir.is_dir():
+            removed += remove_stale(self.config.plugins_registry_dir)
         if removed:
             log.info("removed stale sockets of an earlier host", sockets=removed)
+        cdi.set_default_dir(self.config.cdi_dir)
         probes = await self._start_probes()
         watch = asyncio.create_task(self.watcher.run(), name="kubelet watcher")
         try:
@@ -143,6 +151,7 @@ class Host:
             log.error("new configuration refused, keeping the current one", error=str(exc))
             return
         old, self.config = self.config, new
+        cdi.set_default_dir(new.cdi_dir)
         for backend in self.backends.values():
             if old.backends.get(backend.name) != new.backends.get(backend.name):
                 await self._configure(backend)
@@ -223,6 +232,7 @@ class Host:
             client=self._client,
             request_rediscovery=self.request_rediscovery,
             observe_allocation=self.metrics.allocation_seconds.labels(resource.name).observe,
+            registry_dir=self._registry_dir(),
         )
         try:
             await server.start()
@@ -241,6 +251,16 @@ class Host:
             await server.stop()
             return
         self.resources[resource.name] = server
+
+    def _registry_dir(self) -> Path | None:
+        """The plugins_registry dir when resources register through the kubelet's plugin watcher."""
+        mode = self.config.registration_mode
+        if mode == "auto":
+            deprecation = self.config.device_plugins_dir / DEPRECATION_FILE
+            mode = (
+                "watcher" if deprecation.exists() and self.config.plugins_registry_dir.is_dir() else "kubelet"
+            )
+        return self.config.plugins_registry_dir if mode == "watcher" else None
 
     async def _withdraw(self, server: ResourceServer) -> None:
         self.resources.pop(server.name, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,15 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, ctime in ns) of ``path`` itself, or None when nothing is there."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
 class KubeletWatcher:
     """Follows ``kubelet.sock`` and the files of the device-plugins dir."""
 
@@ -49,21 +59,23 @@ class KubeletWatcher:
 
     @property
     def inode(self) -> int | None:
-        """The inode of ``kubelet.sock`` now (None while it is absent)."""
-        self._check()
+        """The inode of ``kubelet.sock`` as last seen (None while it is absent)."""
         return self._inode
 
     @property
     def generation(self) -> int:
-        """Bumped whenever a different ``kubelet.sock`` file is there, looked up when read.
+        """Bumped whenever the watcher sees a different ``kubelet.sock`` file.
 
-        A file is told by (device, inode, ctime): the filesystem can hand a freed inode number
-        straight to the next kubelet.sock. Reading it fresh means a caller never pairs a Register
-        sent to a new kubelet with the generation of the one before, which inotify has not told
-        yet; and as one file is counted once, a late event for it bumps nothing.
+        A file is told by (device, inode, ctime), not by its inode number alone: the filesystem
+        can hand a freed inode number straight to the next kubelet.sock. One file is counted
+        once, so a late inotify event for a file already seen bumps nothing.
         """
-        self._check()
         return self._generation
+
+    @property
+    def identity(self) -> tuple[int, int, int] | None:
+        """(device, inode, ctime in ns) of the ``kubelet.sock`` of this generation."""
+        return self._identity
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the loop) after any change in the dir."""
@@ -85,12 +97,7 @@ class KubeletWatcher:
             callback()
 
     def _check(self) -> None:
-        try:
-            st = self.kubelet_socket.lstat()
-        except FileNotFoundError:
-            identity = None
-        else:
-            identity = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        identity = file_identity(self.kubelet_socket)
         if identity == self._identity:
             return
         self._identity = identity
@@ -139,26 +146,48 @@ class RegisterError(Exception):
 
 
 class KubeletClient:
-    """Register calls to the kubelet, over a fresh channel for each kubelet.sock generation."""
+    """Register calls to the kubelet, over a channel pinned to one kubelet.sock file.
+
+    The channel dials ``/proc/self/fd/N``, an ``O_PATH`` descriptor of the very kubelet.sock the
+    watcher's current generation names. A channel that dialled the path would reach whatever
+    kubelet listens there by the time it connects: after a restart the watcher has not told yet,
+    the Register would land on the new kubelet while the resource records the old generation,
+    and the resource would register a second time once told.
+    """
 
     def __init__(self, watcher: KubeletWatcher, timeout: float) -> None:
         self._watcher = watcher
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None
+        self._channel_fd: int | None = None
         self._channel_generation = -1
         self._closing: set[asyncio.Task[None]] = set()
 
     def _stub(self) -> api_pb2_grpc.RegistrationAsyncStub:
         generation = self._watcher.generation
         if self._channel is None or generation != self._channel_generation:
-            if self._channel is not None:
-                task = asyncio.get_running_loop().create_task(self._channel.close(None))
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
-            target = f"unix://{self._watcher.kubelet_socket}"
-            self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            self._retire_channel()
+            try:
+                fd = os.open(self._watcher.kubelet_socket, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise RegisterError(f"kubelet.sock cannot be opened: {exc.strerror}") from None
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_ctime_ns) != self._watcher.identity:
+                os.close(fd)
+                raise RegisterError("kubelet.sock changed since it was last seen; waiting for the watcher")
+            self._channel = grpc.aio.insecure_channel(f"unix:/proc/self/fd/{fd}", options=_CHANNEL_OPTIONS)
+            self._channel_fd = fd
             self._channel_generation = generation
         return api_pb2_grpc.RegistrationStub(self._channel)
+
+    def _retire_channel(self) -> None:
+        """Close the current channel in the background, then its descriptor."""
+        if self._channel is None:
+            return
+        task = asyncio.get_running_loop().create_task(_close_channel(self._channel, self._channel_fd))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        self._channel = self._channel_fd = None
 
     async def register(self, resource: str, endpoint: str, options: api_pb2.DevicePluginOptions) -> None:
         """Register ``resource`` served at ``endpoint`` (a file name in the device-plugins dir)."""
@@ -172,9 +201,15 @@ class KubeletClient:
             raise RegisterError(f"{exc.code().name}: {detail}".rstrip(": ")) from None
 
     async def close(self) -> None:
-        if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._channel.close(None)
-            self._channel = None
+        self._retire_channel()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+async def _close_channel(channel: grpc.aio.Channel, fd: int | None) -> None:
+    try:
+        with contextlib.suppress(Exception):
+            await channel.close(None)
+    finally:
+        if fd is not None:
+            os.close(fd)

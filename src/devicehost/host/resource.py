@@ -25,14 +25,19 @@ from devicehost.hookspecs.types import Device, Health, Resource
 from devicehost.host.backend import Backend, HookError
 from devicehost.host.device_table import DeviceTable
 from devicehost.host.kubelet import KubeletClient, KubeletWatcher, RegisterError
+from devicehost.host.plugin_registration import PluginRegistrationServicer
 from devicehost.host.servicer import DevicePluginServicer
 from devicehost.host.sockets import inode_of, remove_own, socket_name
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2_grpc
+from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 
 log = structlog.get_logger(__name__)
 
 BACKOFF_INITIAL = 0.05
 BACKOFF_MAX = 5.0
+WATCHER_REREGISTER_WAIT = 1.0
+"""Seconds a watcher-mode resource waits, after its stream drops, for the kubelet to register it
+again by itself (a restarted kubelet walks plugins_registry) before it recreates its socket."""
 SERVER_STOP_GRACE = 0.5
 
 
@@ -79,8 +84,12 @@ class ResourceServer:
         client: KubeletClient,
         request_rediscovery: Callable[[], None],
         observe_allocation: Callable[[float], None],
+        registry_dir: Path | None = None,
     ) -> None:
         self.backend = backend
+        self.watcher_mode = registry_dir is not None
+        """Registered through the kubelet's plugin watcher (socket in ``registry_dir``), not Register."""
+        directory = registry_dir or directory
         self.name = resource.name
         self.table = DeviceTable(resource.devices)
         self.directory = directory
@@ -98,6 +107,8 @@ class ResourceServer:
         self._inode: int | None = None
         self._registered_generation: int | None = None
         self._stream_lost = False
+        self._watcher_status: tuple[bool, str] | None = None
+        self._socket_created = 0.0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._notifier = Notifier(asyncio.get_running_loop(), self)
@@ -113,6 +124,12 @@ class ResourceServer:
     @property
     def registered(self) -> bool:
         """Registered with the current kubelet and streaming to it."""
+        if self.watcher_mode:
+            return (
+                self._watcher_status is not None
+                and self._watcher_status[0]
+                and self.servicer.open_streams > 0
+            )
         return (
             self._registered_generation == self._watcher.generation
             and self._watcher.inode is not None
@@ -124,7 +141,8 @@ class ResourceServer:
         with structlog.contextvars.bound_contextvars(resource=self.name, backend=self.backend.name):
             await self.backend.start(self.name, self._notifier)
             await self._serve()
-            self._tasks.append(asyncio.create_task(self._supervise(), name=f"register {self.name}"))
+            supervise = self._supervise_watcher() if self.watcher_mode else self._supervise()
+            self._tasks.append(asyncio.create_task(supervise, name=f"register {self.name}"))
             if self.backend.implements("devicehost_health"):
                 self._tasks.append(asyncio.create_task(self._poll_health(), name=f"health {self.name}"))
         self._watcher.subscribe(self._on_dir_change)
@@ -192,11 +210,18 @@ class ResourceServer:
             )
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        if self.watcher_mode:
+            registration = PluginRegistrationServicer(
+                self.name, lambda: str(self.path), self._on_watcher_status
+            )
+            registration_grpc.add_RegistrationServicer_to_server(registration, server)
         server.add_insecure_port(f"unix:{self.path}")
         await server.start()
         os.chmod(self.path, self._socket_mode)
         self._server = server
         self._inode = inode_of(self.path)
+        self._socket_created = time.monotonic()
+        self._watcher_status = None
         self._log.info("serving", socket=str(self.path))
 
     async def _stop_server(self) -> None:
@@ -254,6 +279,43 @@ class ResourceServer:
                 registrations=self.registrations,
                 took_ms=round(self.last_registration_seconds * 1000, 2),
             )
+
+    def _on_watcher_status(self, registered: bool, error: str) -> None:
+        """The kubelet's plugin watcher reports the outcome of registering this socket."""
+        self._watcher_status = (registered, error)
+        if registered:
+            self.registrations += 1
+            self.registration_reasons["plugin watcher"] += 1
+            self.last_registration_seconds = time.monotonic() - self._socket_created
+            self._log.info("registered through the plugin watcher", registrations=self.registrations)
+        else:
+            self._log.error("the kubelet refused the registration", error=error)
+            self._wake.set()
+
+    async def _supervise_watcher(self) -> None:
+        """Watcher mode: serve the socket in plugins_registry again whenever the kubelet lost it."""
+        delay = BACKOFF_INITIAL
+        while True:
+            self._wake.clear()
+            refused = self._watcher_status is not None and not self._watcher_status[0]
+            if inode_of(self.path) == self._inode and not self._stream_lost and not refused:
+                await self._wake.wait()
+                continue
+            if self._stream_lost and not refused:
+                # a restarted kubelet registers the sockets it finds: give it the chance first
+                await asyncio.sleep(WATCHER_REREGISTER_WAIT)
+                self._stream_lost = False
+                if self.servicer.open_streams and inode_of(self.path) == self._inode:
+                    continue
+            if refused:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX)
+            else:
+                delay = BACKOFF_INITIAL
+            self._log.info("serving the plugin watcher socket again")
+            self._stream_lost = False
+            await self._stop_server()
+            await self._serve()
 
     async def _poll_health(self) -> None:
         while True:

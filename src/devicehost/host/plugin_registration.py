@@ -1,0 +1,43 @@
+"""The plugin-watcher registration path: ``pluginregistration.Registration`` on the resource socket.
+
+In watcher mode a resource's socket lives in the kubelet's ``plugins_registry`` dir and serves
+this service next to DevicePlugin: the kubelet's watcher sees the socket appear, asks
+``GetInfo`` (the endpoint is this same socket), dials it, and reports the outcome with
+``NotifyRegistrationStatus``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from devicehost.host.kubelet import API_VERSION
+from devicehost.proto.pluginregistration.v1 import api_pb2, api_pb2_grpc
+
+PLUGIN_TYPE = "DevicePlugin"
+
+
+class PluginRegistrationServicer(api_pb2_grpc.RegistrationServicer):
+    """Answers the kubelet's plugin watcher for one resource."""
+
+    def __init__(
+        self, resource: str, endpoint: Callable[[], str], on_status: Callable[[bool, str], None]
+    ) -> None:
+        self._resource = resource
+        self._endpoint = endpoint
+        self._on_status = on_status
+
+    async def GetInfo(
+        self, request: api_pb2.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PluginInfo:
+        return api_pb2.PluginInfo(
+            type=PLUGIN_TYPE, name=self._resource, endpoint=self._endpoint(), supported_versions=[API_VERSION]
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: api_pb2.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.RegistrationStatusResponse:
+        self._on_status(request.plugin_registered, request.error)
+        return api_pb2.RegistrationStatusResponse()
