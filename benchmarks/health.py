@@ -33,10 +33,11 @@ async def latency(kubelet: TimedKubelet, server: ServerProcess, name: str, healt
     while not queue.empty():
         queue.get_nowait()
     changed = await server.command(f"push {name} {health}")
-    while True:
-        arrived, message = await asyncio.wait_for(queue.get(), ARRIVAL_TIMEOUT)
-        if message.devices[0].health == health:
-            return arrived - changed
+    async with asyncio.timeout(ARRIVAL_TIMEOUT):
+        while True:
+            arrived, message = await queue.get()
+            if message.devices[0].health == health:
+                return arrived - changed
 
 
 def health_at(n: int) -> str:

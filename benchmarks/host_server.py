@@ -42,15 +42,27 @@ class PushBackend:
     def change(self, resource: str, health: Health) -> float:
         """Set device 0's health; the ``time.monotonic()`` at which the backend knew it."""
         changed = time.monotonic()
+        with self.lock:
+            self.health[resource] = health
         self.notifiers[resource].set_health({self.first_id(resource): health})
         return changed
 
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:
-        return [
-            Resource(name, tuple(Device(f"{name.split('/')[1]}-{n}", numa_nodes=(0,)) for n in range(count)))
-            for name, count in self.resources.items()
-        ]
+        """Every device, device 0 with its current health (rediscovery must not undo a change)."""
+        with self.lock:
+            return [
+                Resource(
+                    name,
+                    tuple(
+                        Device(
+                            f"{name.split('/')[1]}-{n}", self.health[name] if n == 0 else Health.HEALTHY, (0,)
+                        )
+                        for n in range(count)
+                    ),
+                )
+                for name, count in self.resources.items()
+            ]
 
     @devicehost.hookimpl
     def devicehost_start(self, resource: str, notifier: devicehost.ResourceNotifier) -> None:
