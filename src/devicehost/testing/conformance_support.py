@@ -52,8 +52,8 @@ THREAD_EXIT_WAIT = 2.0
 
 
 def broken(rule: str, detail: str) -> NoReturn:
-    """Fail the current check, naming the rule and what the backend did."""
-    pytest.fail(f"[{rule}] {RULES[rule]}: {detail}", pytrace=False)
+    """Fail the current check, naming the rule and what the backend did (and nothing else)."""
+    raise pytest.fail.Exception(f"[{rule}] {RULES[rule]}: {detail}", pytrace=False) from None
 
 
 def load_plugin(name: str) -> object:
@@ -64,7 +64,9 @@ def load_plugin(name: str) -> object:
         failure.append(f"import of {entry_point.value} failed: {type(exc).__name__}: {exc}")
 
     try:
-        manager = DriverManager(ENTRY_POINT_GROUP, name, on_load_failure_callback=on_failure)
+        manager: DriverManager[Any] = DriverManager(
+            ENTRY_POINT_GROUP, name, on_load_failure_callback=on_failure
+        )
     except Exception as exc:  # stevedore's NoMatches, or the load failure again
         broken("entry-point", "; ".join(failure) or f"{type(exc).__name__}: {exc}")
     plugin = manager.driver

@@ -47,7 +47,9 @@ class NonconformantBackend:
     @devicehost.hookimpl
     def devicehost_allocate(self, device_ids: tuple[str, ...]) -> ContainerAllocation:
         return ContainerAllocation(
-            devices=[DeviceSpec(f"dev/{i}", "/dev/null", "rwx" if n else "rw") for n, i in enumerate(device_ids)]
+            devices=[
+                DeviceSpec(f"dev/{i}", "/dev/null", "rwx" if n else "rw") for n, i in enumerate(device_ids)
+            ]
         )
 
     @devicehost.hookimpl

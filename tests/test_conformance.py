@@ -1,0 +1,156 @@
+"""The test kit and the conformance command, run as vendors run them, against every bundled backend.
+
+Each conformance run is ``pytest -p devicehost.testing.plugin --pyargs devicehost.testing.conformance``
+in a subprocess, in an empty dir (so no project config applies), with warnings as errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hostfakes import install_test_backends
+from stevedore import ExtensionManager
+
+from devicehost.testing.conformance_support import RULES
+from devicehost.testing.host import BackendLoadError, host_process, running_host
+from devicehost.testing.kubelet import KubeletStandIn
+
+pytestmark = pytest.mark.timeout(90)
+
+CONFORMANCE = ["-p", "devicehost.testing.plugin", "--pyargs", "devicehost.testing.conformance"]
+STRICT = ["-p", "no:cacheprovider", "-W", "error", "-q", "-o", "asyncio_default_fixture_loop_scope=function"]
+SUMMARY = re.compile(r"^(FAILED|ERROR) \S*::(\w+) - Failed: \[([a-z-]+)\]", re.MULTILINE)
+
+
+def conformance(workdir: Path, backend: str, settings: object = None) -> tuple[int, dict[str, str], str]:
+    """Run the conformance command; its exit status, broken rule by test name, and its output."""
+    args = [*CONFORMANCE, "--devicehost-backend", backend]
+    if settings is not None:
+        (workdir / "settings.yaml").write_text(yaml.safe_dump(settings))
+        args += ["--devicehost-settings", "settings.yaml"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVICEHOST_", "PYTEST_"))}
+    env["COLUMNS"] = "300"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, *STRICT],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = result.stdout + result.stderr
+    return result.returncode, {test: rule for _, test, rule in SUMMARY.findall(output)}, output
+
+
+def test_example_backend_conforms(short_tmp: Path) -> None:
+    code, broken, output = conformance(short_tmp, "example")
+    assert (code, broken) == (0, {}), output
+    assert "passed" in output
+
+
+def test_hostdev_backend_conforms_on_a_fake_tree(short_tmp: Path) -> None:
+    root = short_tmp / "root"
+    for path in ("dev/ttyUSB0", "dev/ttyUSB1", "dev/fuse", "dev/net/tun", "run/foo"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).touch()
+    settings = {
+        "root": str(root),
+        "resources": [
+            {"name": "devices.example.com/serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]},
+            {"name": "devices.example.com/fuse", "groups": [{"paths": [{"path": "/dev/fuse"}], "count": 3}]},
+            {
+                "name": "devices.example.com/tun",
+                "groups": [
+                    {"paths": [{"path": "/dev/net/tun"}, {"path": "/run/foo", "type": "mount"}]},
+                ],
+            },
+        ],
+    }
+    code, broken, output = conformance(short_tmp, "hostdev", settings)
+    assert (code, broken) == (0, {}), output
+    assert "passed" in output
+
+
+def test_nvidia_backend_conforms_on_a_fake_nvml(short_tmp: Path) -> None:
+    gpus = [{"uuid": f"GPU-{n}", "minor": n, "numa_node": n % 2} for n in range(3)]
+    code, broken, output = conformance(
+        short_tmp, "nvidia", {"nvml": "fake", "replicas": 2, "fake_gpus": gpus}
+    )
+    assert (code, broken) == (0, {}), output
+
+
+def test_nonconformant_backend_fails_naming_each_broken_rule(short_tmp: Path) -> None:
+    code, broken, output = conformance(short_tmp, "broken-conformance")
+    assert code == 1, output
+    assert broken == {
+        "test_resource_names_follow_the_kubelet_rule": "resource-name",
+        "test_device_ids_follow_the_kubelet_rule": "device-id",
+        "test_discovery_is_stable": "stable-discovery",
+        "test_health_values_are_valid": "health-values",
+        "test_health_goes_both_ways": "health-both-ways",
+        "test_allocation_answers_are_well_formed": "allocation-answer",
+        "test_backend_refuses_unknown_ids": "unknown-ids-backend",
+        "test_every_device_allocates_over_the_wire": "allocation-wire",
+        "test_kubelet_admission_succeeds": "admission",
+        "test_preferred_allocation_is_well_formed": "preferred-allocation",
+        "test_start_and_stop_repeat_and_release": "start-stop",
+    }, output
+    assert set(broken.values()) <= set(RULES)
+    assert "7 passed" in output  # loading, hook contract, unknown IDs at the host, kubelet restart
+    assert "device path 'dev/g0' must be absolute" in output
+    assert "returned 1 device IDs, the kubelet asked for 2" in output
+
+
+def test_conformance_without_a_backend_says_how_to_choose_one(short_tmp: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *CONFORMANCE, "-p", "no:cacheprovider", "-q", "-x"],
+        cwd=short_tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "no backend selected: pass --devicehost-backend NAME" in result.stdout
+
+
+async def test_running_host_loads_installed_backends_by_name(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    settings = {"example": {"resources": {"example.com/gadget": 2}}}
+    async with running_host(plugin_dir, ["example"], backends=settings) as host:
+        view = await kubelet.wait_for_resource("example.com/gadget", healthy=2)
+        assert [d.id for d in view.devices] == ["gadget-0", "gadget-1"]
+        assert list(host.backends) == ["example"]
+
+
+async def test_running_host_refuses_a_backend_that_breaks_the_contract(
+    plugin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    install_test_backends(site)
+    monkeypatch.syspath_prepend(str(site))
+    # stevedore caches entry points per process; the host loads once, this test process often
+    monkeypatch.setattr(ExtensionManager, "ENTRY_POINT_CACHE", {})
+    with pytest.raises(
+        BackendLoadError, match="asyncy: breaks the backend contract: hooks must be synchronous"
+    ):
+        async with running_host(plugin_dir, ["good", "asyncy"]):
+            pytest.fail("the host started without one of its backends")
+
+
+async def test_host_process_serves_and_logs_json(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
+    config = plugin_dir.parent / "config.yaml"
+    config.write_text(yaml.safe_dump({"backends": {"example": {"resources": {"example.com/gizmo": 3}}}}))
+    async with host_process(plugin_dir, ["example"], config_file=config) as child:
+        await kubelet.wait_for_resource("example.com/gizmo", healthy=3)
+        serving = await child.wait_for_log("serving", resource="example.com/gizmo")
+        assert serving["backend"] == "example"
+        assert await child.stop() == 0
+    withdrawn = [line for line in child.lines if line.get("event") == "withdrawn"]
+    assert [line["resource"] for line in withdrawn] == ["example.com/gizmo"]
