@@ -1,9 +1,13 @@
-"""Meta-tests: every hook spec is documented with its exact signature, and exercised by a test."""
+"""Meta-tests: every hook spec documented with its exact signature and exercised by a test; the
+backend walk-through in docs/writing-a-backend.md installs and passes conformance as written."""
 
 from __future__ import annotations
 
 import inspect
 import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,3 +66,70 @@ def _test_sources() -> dict[Path, str]:
 def test_hook_is_exercised_by_a_test(name: str) -> None:
     users = [path for path, text in _test_sources().items() if re.search(rf"\b{name}\b", text)]
     assert users, f"no test calls or implements {name}"
+
+
+WALKTHROUGH = ROOT / "docs" / "writing-a-backend.md"
+FILE_BLOCK = re.compile(r"^```\w+ file=(\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def doc_files() -> dict[str, str]:
+    """The files the walk-through writes, by path."""
+    return dict(FILE_BLOCK.findall(WALKTHROUGH.read_text()))
+
+
+def tox_commands(tox_ini: str) -> list[list[str]]:
+    """The ``[testenv] commands`` of the doc's tox.ini."""
+    section = tox_ini.split("commands =\n", 1)[1].split("\n\n", 1)[0]
+    return [shlex.split(line) for line in section.splitlines()]
+
+
+def test_the_doc_writes_a_whole_backend() -> None:
+    assert set(doc_files()) == {
+        "pyproject.toml",
+        "setup.cfg",
+        "src/devicehost_acme/__init__.py",
+        "conformance.yaml",
+        "tests/test_acme.py",
+        "tox.ini",
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_documented_backend_installs_and_passes_conformance(short_tmp: Path) -> None:
+    project = short_tmp / "devicehost-acme"
+    for path, text in doc_files().items():
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text(text)
+    venv = short_tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=60)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    installed = subprocess.run(
+        [*pip, str(ROOT), f"{project}[testing]"], capture_output=True, text=True, timeout=240
+    )
+    assert installed.returncode == 0, installed.stderr
+    backends = subprocess.run(
+        [str(venv / "bin" / "devicehost"), "backends"], capture_output=True, text=True, timeout=30
+    )
+    assert "acme  (devicehost-acme 0.1.0, devicehost_acme:AcmeBackend)  loaded" in backends.stdout, (
+        backends.stdout + backends.stderr
+    )
+    commands = tox_commands(doc_files()["tox.ini"])
+    assert commands[0][:5] == [
+        "pytest",
+        "-p",
+        "devicehost.testing.plugin",
+        "--pyargs",
+        "devicehost.testing.conformance",
+    ]
+    for command in commands:
+        result = subprocess.run(
+            [str(venv / "bin" / command[0]), *command[1:]],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert " passed" in result.stdout
+        assert "failed" not in result.stdout
