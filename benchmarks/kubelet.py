@@ -38,3 +38,16 @@ async def wait_all(kubelet: KubeletStandIn, names: Iterable[str], timeout: float
     for name in names:
         await kubelet.wait_for_resource(name, timeout=max(0.0, deadline - time.monotonic()))
     return time.monotonic()
+
+
+async def wait_some(
+    kubelet: KubeletStandIn,
+    names: list[str],
+    timeout: float,  # noqa: ASYNC109
+) -> tuple[float | None, list[str]]:
+    """Like :func:`wait_all`, but a server that misses ``timeout`` is a result, not an error:
+    the time all were registered (None if not all were) and the names registered by then."""
+    try:
+        return await wait_all(kubelet, names, timeout), list(names)
+    except AssertionError:
+        return None, [n for n in names if n in kubelet.resources and kubelet.view(n).connected]
