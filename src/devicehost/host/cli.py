@@ -134,7 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return print_status(args.address or config.metrics_address)
     if args.command == "backends":
         return _backends_command(config)
-    return _run_command(config, load, simulate=args.simulate_kubelet)
+    config_file = args.config or (
+        Path(os.environ["DEVICEHOST_CONFIG"]) if os.environ.get("DEVICEHOST_CONFIG") else None
+    )
+    return _run_command(config, load, config_file, simulate=args.simulate_kubelet)
 
 
 def _config_command(args: argparse.Namespace, config: Any) -> int:
@@ -158,7 +161,7 @@ def _load(config: Any) -> Any:
         return EXIT_USAGE
 
 
-def _run_command(config: Any, reload_config: Any, simulate: bool) -> int:
+def _run_command(config: Any, reload_config: Any, config_file: Path | None, simulate: bool) -> int:
     from devicehost.host.logs import configure_logging
 
     configure_logging(config.log_level, config.log_format)
@@ -166,13 +169,14 @@ def _run_command(config: Any, reload_config: Any, simulate: bool) -> int:
     if isinstance(statuses, int):
         return statuses
     backends = [s.backend for s in statuses if s.backend is not None]
+    failed = {s.name: s.error for s in statuses if s.error is not None}
     if not backends:
         print("devicehost: no backend could be loaded; `devicehost backends` says why", file=sys.stderr)
         return EXIT_FAILED
     if simulate:
         from devicehost.host.simulate import run_simulated
 
-        code: int = asyncio.run(run_simulated(config, backends))
+        code: int = asyncio.run(run_simulated(config, backends, reload_config, failed, config_file))
     else:
         from devicehost.host.daemon import Host, install_signal_handlers
         from devicehost.host.sockets import SocketDirError, check_socket_dir
@@ -186,7 +190,7 @@ def _run_command(config: Any, reload_config: Any, simulate: bool) -> int:
             return EXIT_USAGE
 
         async def serve() -> int:
-            host = Host(config, backends, reload_config)
+            host = Host(config, backends, reload_config, failed, config_file)
             install_signal_handlers(host, lambda: os._exit(EXIT_FAILED))
             await host.run()
             return EXIT_OK

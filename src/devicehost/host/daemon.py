@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import logging
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -19,10 +21,11 @@ from typing import TYPE_CHECKING
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs import rules
+from devicehost.hookspecs import ENTRY_POINT_GROUP, rules
 from devicehost.hookspecs.types import Resource
 from devicehost.host.backend import Backend, HookError
 from devicehost.host.config import ConfigError, HostConfig
+from devicehost.host.config_watch import watch_config_file
 from devicehost.host.kubelet import KubeletClient, KubeletWatcher
 from devicehost.host.metrics import HostMetrics
 from devicehost.host.resource import ResourceServer
@@ -32,6 +35,16 @@ if TYPE_CHECKING:
     from devicehost.host.probes import ProbeServer
 
 log = structlog.get_logger(__name__)
+
+RESTART_KEYS = (
+    "device_plugins_dir",
+    "plugins_registry_dir",
+    "registration_mode",
+    "metrics_address",
+    "socket_mode",
+    "log_format",
+)
+"""Settings a reload cannot change: the sockets, servers and log renderer already in use."""
 
 DEPRECATION_FILE = "DEPRECATION"
 """Written by kubelets that register device plugins through the plugin watcher."""
@@ -46,6 +59,7 @@ class Host:
         backends: Sequence[Backend],
         reload_config: Callable[[], HostConfig] | None = None,
         failed_backends: Mapping[str, str] | None = None,
+        config_file: Path | None = None,
     ) -> None:
         self.config = config
         self.backends = {b.name: b for b in backends}
@@ -55,6 +69,7 @@ class Host:
         self.token = new_token()
         self.watcher = KubeletWatcher(config.device_plugins_dir)
         self._reload_config = reload_config
+        self._config_file = config_file
         self._client = KubeletClient(self.watcher, config.register_timeout)
         self._configured: set[str] = set()
         self._wake = asyncio.Event()
@@ -87,21 +102,30 @@ class Host:
         cdi.set_default_dir(self.config.cdi_dir)
         probes = await self._start_probes()
         watch = asyncio.create_task(self.watcher.run(), name="kubelet watcher")
+        follow = (
+            asyncio.create_task(
+                watch_config_file(self._config_file, self.request_reload), name="config watcher"
+            )
+            if self._config_file is not None and self._reload_config is not None
+            else None
+        )
         try:
             await self._configure_all()
             while not self.stopping.is_set():
+                self._wake.clear()  # before the work: a request made during it wakes the wait below
                 if self._reload_requested:
                     self._reload_requested = False
                     await self._reload()
                 await self.reconcile()
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.config.rediscover_interval)
         finally:
             await self.shutdown()
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            for task in (watch, follow):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if probes is not None:
                 await probes.stop()
 
@@ -143,6 +167,7 @@ class Host:
         return True
 
     async def _reload(self) -> None:
+        """Apply a new configuration; resources whose backend and settings stay keep everything."""
         if self._reload_config is None:
             return
         try:
@@ -150,12 +175,64 @@ class Host:
         except ConfigError as exc:
             log.error("new configuration refused, keeping the current one", error=str(exc))
             return
-        old, self.config = self.config, new
+        old = self.config
+        fixed = {key: getattr(old, key) for key in RESTART_KEYS if getattr(old, key) != getattr(new, key)}
+        if fixed:
+            log.warning("these settings take effect at the next start", keys=sorted(fixed))
+            new = new.model_copy(update=fixed)
+        self.config = new
         cdi.set_default_dir(new.cdi_dir)
+        logging.getLogger().setLevel(new.log_level.upper())
         for backend in self.backends.values():
+            backend.hook_timeout = new.hook_timeout
+        for server in self.resources.values():
+            server.health_interval = new.health_interval
+        await self._apply_backend_set(old, new)
+        for backend in list(self.backends.values()):
             if old.backends.get(backend.name) != new.backends.get(backend.name):
-                await self._configure(backend)
-        log.info("configuration reloaded")
+                try:
+                    await backend.configure(new.backends.get(backend.name, {}))
+                except HookError as exc:
+                    log.error(
+                        "new settings refused, the backend keeps its previous ones",
+                        backend=backend.name,
+                        error=str(exc),
+                    )
+        changed = sorted(k for k in HostConfig.model_fields if getattr(old, k) != getattr(new, k))
+        log.info("configuration reloaded", changed=changed)
+
+    async def _apply_backend_set(self, old: HostConfig, new: HostConfig) -> None:
+        """Withdraw backends no longer enabled; load the newly enabled ones (and retry failed ones)."""
+        wanted = _wanted_backends(new)
+        for name in [n for n in self.backends if n not in wanted]:
+            backend = self.backends.pop(name)
+            await asyncio.gather(
+                *(self._withdraw(s) for s in list(self.resources.values()) if s.backend is backend)
+            )
+            backend.close()
+            log.info("backend disabled", backend=name)
+        previously = _wanted_backends(old)
+        to_load = [
+            name
+            for name in wanted
+            if name not in self.backends
+            and (
+                name not in previously
+                or (name in self.failed_backends and old.backends.get(name) != new.backends.get(name))
+            )
+        ]
+        if not to_load:
+            return
+        from devicehost.host.loader import load_backends
+
+        for status in await asyncio.to_thread(load_backends, to_load, [], new.hook_timeout):
+            if status.backend is None:
+                self.failed_backends[status.name] = status.error or "failed to load"
+                continue
+            self.failed_backends.pop(status.name, None)
+            if await self._configure(status.backend):
+                self.backends[status.name] = status.backend
+                log.info("backend enabled", backend=status.name)
 
     async def reconcile(self) -> None:
         """Discover every backend once and bring the served resources in line."""
@@ -265,6 +342,13 @@ class Host:
     async def _withdraw(self, server: ResourceServer) -> None:
         self.resources.pop(server.name, None)
         await server.stop()
+
+
+def _wanted_backends(config: HostConfig) -> list[str]:
+    """The backend names a configuration enables, among those installed."""
+    installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+    names = [n for n in config.enabled_backends if n in installed] if config.enabled_backends else installed
+    return [n for n in names if n not in config.disabled_backends]
 
 
 def install_signal_handlers(host: Host, on_forced_exit: Callable[[], None]) -> None:

@@ -74,6 +74,9 @@ def load_backends(
         installed = ", ".join(sorted(entry_points)) or "none"
         raise UnknownBackendError(f"unknown backend(s): {', '.join(unknown)} (installed: {installed})")
     names = [n for n in enabled if n not in disabled]
+    # stevedore keeps one entry-point list per group for the life of the process; drop it so a
+    # reload sees what importlib.metadata sees now (a backend installed since the first load).
+    ExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)
     manager: ExtensionManager[Any]
     if enabled:
         manager = NamedExtensionManager(

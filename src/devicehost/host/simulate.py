@@ -13,7 +13,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -28,14 +28,26 @@ from devicehost.testing.kubelet import AdmissionError, EventKind, KubeletStandIn
 log = structlog.get_logger("devicehost.simulate")
 
 
-async def run_simulated(config: HostConfig, backends: Sequence[Backend]) -> int:
+async def run_simulated(
+    config: HostConfig,
+    backends: Sequence[Backend],
+    reload_config: Callable[[], HostConfig] | None = None,
+    failed_backends: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> int:
     """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM."""
     workdir = Path(tempfile.mkdtemp(prefix="devicehost-sim-", dir="/tmp"))
     directory = workdir / "device-plugins"
     config = config.model_copy(update={"device_plugins_dir": directory})
     kubelet = KubeletStandIn(directory)
     await kubelet.start()
-    host = Host(config, backends)
+    host = Host(
+        config,
+        backends,
+        lambda: _keep_dir(reload_config(), directory) if reload_config else config,
+        failed_backends,
+        config_file,
+    )
     install_signal_handlers(host, lambda: os._exit(1))
     log.info("simulated kubelet started; press Ctrl-C to stop", device_plugins_dir=str(directory))
     show = asyncio.create_task(_show(kubelet))
@@ -48,6 +60,11 @@ async def run_simulated(config: HostConfig, backends: Sequence[Backend]) -> int:
         await kubelet.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def _keep_dir(config: HostConfig, directory: Path) -> HostConfig:
+    """A reloaded config keeps pointing at the simulated kubelet's dir."""
+    return config.model_copy(update={"device_plugins_dir": directory})
 
 
 async def _show(kubelet: KubeletStandIn) -> None:
