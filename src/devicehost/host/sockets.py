@@ -47,8 +47,20 @@ def socket_name(resource: str, token: str, directory: Path) -> str:
     return f"{PREFIX}{safe[:keep]}-{digest}-{token}{SUFFIX}"
 
 
-def check_socket_dir(directory: Path) -> None:
-    """Fail with a clear reason if the host cannot create sockets in ``directory``."""
+def check_socket_dir(directory: Path, allow_symlink: bool = False) -> None:
+    """Fail with a clear reason if the host cannot create sockets in ``directory``.
+
+    A path that resolves elsewhere through a symlink is refused unless ``allow_symlink``: the
+    kubelet reads the dir it was told, and a planted link would send the sockets (and the
+    cleaning of stale ones) somewhere else.
+    """
+    if not allow_symlink and os.path.lexists(directory):
+        real = os.path.realpath(directory)
+        if real != os.path.abspath(directory):
+            raise SocketDirError(
+                f"device-plugins dir {directory} is a symlink (or lies under one) to {real}; "
+                "point the host at the real dir, or allow symlinks in the configuration"
+            )
     if not directory.exists():
         raise SocketDirError(
             f"device-plugins dir {directory} does not exist: is the kubelet's dir mounted into the pod?"
