@@ -119,6 +119,12 @@ def test_conformance_without_a_backend_says_how_to_choose_one(short_tmp: Path) -
     assert "no backend selected: pass --devicehost-backend NAME" in result.stdout
 
 
+@pytest.fixture(autouse=True)
+def fresh_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stevedore caches entry points per process: give each test (and the modules after) their own."""
+    monkeypatch.setattr(ExtensionManager, "ENTRY_POINT_CACHE", {})
+
+
 async def test_running_host_loads_installed_backends_by_name(
     kubelet: KubeletStandIn, plugin_dir: Path
 ) -> None:
@@ -135,8 +141,6 @@ async def test_running_host_refuses_a_backend_that_breaks_the_contract(
     site = tmp_path / "site"
     install_test_backends(site)
     monkeypatch.syspath_prepend(str(site))
-    # stevedore caches entry points per process; the host loads once, this test process often
-    monkeypatch.setattr(ExtensionManager, "ENTRY_POINT_CACHE", {})
     with pytest.raises(
         BackendLoadError, match="asyncy: breaks the backend contract: hooks must be synchronous"
     ):
