@@ -52,7 +52,9 @@ def plugin(devicehost_backend_name: str) -> object:
 
 
 @pytest.fixture
-def direct(devicehost_backend_name: str, plugin: object, devicehost_settings: dict[str, Any]) -> DirectBackend:
+def direct(
+    devicehost_backend_name: str, plugin: object, devicehost_settings: dict[str, Any]
+) -> DirectBackend:
     """The backend registered with pluggy and configured with the settings given."""
     try:
         backend = DirectBackend(devicehost_backend_name, plugin)
@@ -209,7 +211,9 @@ async def test_health_goes_both_ways(
         try:
             await kubelet.wait_for_resource(resource.name, healthy=expected, timeout=WAIT)
         except AssertionError:
-            broken("health-both-ways", f"{resource.name} device {device} never turned {health} at the kubelet")
+            broken(
+                "health-both-ways", f"{resource.name} device {device} never turned {health} at the kubelet"
+            )
 
 
 # -- allocation ------------------------------------------------------------------------------
@@ -263,7 +267,9 @@ async def test_every_device_allocates_over_the_wire(
 
 
 @pytest.mark.asyncio
-async def test_kubelet_admission_succeeds(served: list[Resource], kubelet: KubeletStandIn, host: Host) -> None:
+async def test_kubelet_admission_succeeds(
+    served: list[Resource], kubelet: KubeletStandIn, host: Host
+) -> None:
     for resource in served:
         view = await _view(kubelet, resource, "admission")
         count = min(2, view.healthy)
@@ -356,7 +362,9 @@ def test_start_and_stop_repeat_and_release(direct: DirectBackend, served: list[R
 
 
 @pytest.mark.asyncio
-async def test_survives_a_kubelet_restart(served: list[Resource], kubelet: KubeletStandIn, host: Host) -> None:
+async def test_survives_a_kubelet_restart(
+    served: list[Resource], kubelet: KubeletStandIn, host: Host
+) -> None:
     for resource in served:
         await _view(kubelet, resource, "kubelet-restart")
     since = len(kubelet.events)

@@ -115,7 +115,9 @@ class HostProcess:
         found = self.find(event, **fields)
         if found is None:
             seen = [line.get("event", line.get("raw")) for line in self.lines]
-            raise AssertionError(f"no {event!r} {fields} in the host's log; saw {seen}; stderr {self.stderr!r}")
+            raise AssertionError(
+                f"no {event!r} {fields} in the host's log; saw {seen}; stderr {self.stderr!r}"
+            )
         return found
 
     async def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> int:  # noqa: ASYNC109
