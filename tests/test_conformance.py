@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 from hostfakes import install_test_backends
-from stevedore import ExtensionManager
 
 from devicehost.testing.conformance_support import RULES
 from devicehost.testing.host import BackendLoadError, host_process, running_host
@@ -117,12 +116,6 @@ def test_conformance_without_a_backend_says_how_to_choose_one(short_tmp: Path) -
     )
     assert result.returncode == 1
     assert "no backend selected: pass --devicehost-backend NAME" in result.stdout
-
-
-@pytest.fixture(autouse=True)
-def fresh_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    """stevedore caches entry points per process: give each test (and the modules after) their own."""
-    monkeypatch.setattr(ExtensionManager, "ENTRY_POINT_CACHE", {})
 
 
 async def test_running_host_loads_installed_backends_by_name(
