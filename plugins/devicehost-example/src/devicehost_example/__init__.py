@@ -108,6 +108,12 @@ class ExampleBackend:
             if spec_dir is not None:  # where it was written, even if the settings moved since
                 cdi.remove_spec(resource, spec_dir)
 
+    def conformance_set_health(self, resource: str, device_id: str, health: devicehost.Health) -> None:
+        """A widget fault (or its repair), pushed the way a driver event would be: via the notifier."""
+        with self._lock:
+            notifier = self._notifiers[resource]
+        notifier.set_health({device_id: health})
+
     @devicehost.hookimpl
     def devicehost_allocate(self, resource: str, device_ids: tuple[str, ...]) -> ContainerAllocation:
         short = resource.split("/")[1]
