@@ -218,3 +218,20 @@ def test_malformed_config_file_names_the_key(env: dict[str, str], tmp_path: Path
     assert result.returncode == 2
     assert "health_interval: Input should be a valid number" in result.stderr
     assert "not_a_key: Extra inputs are not permitted" in result.stderr
+
+
+def test_symlinked_device_plugins_dir_is_refused_unless_allowed(env: dict[str, str], short_tmp: Path) -> None:
+    real = short_tmp / "real"
+    real.mkdir()
+    link = short_tmp / "link"
+    link.symlink_to(real)
+    refused = run_cli("run", "--backend", "good", "--device-plugins-dir", str(link), env=env)
+    assert refused.returncode == 2
+    assert f"device-plugins dir {link} is a symlink (or lies under one) to {real}" in refused.stderr
+    env["DEVICEHOST_ALLOW_SYMLINKED_DIRS"] = "true"
+    daemon = Daemon(["run", "--backend", "good", "--device-plugins-dir", str(link)], env)
+    try:
+        daemon.wait_for("serving", resource="good.example.com/thing")
+        assert daemon.stop() == 0
+    finally:
+        daemon.close()

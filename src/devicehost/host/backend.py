@@ -97,6 +97,8 @@ class Backend:
         self._implemented = frozenset(impls)
         self._executor = ThreadPoolExecutor(MAX_THREADS_PER_BACKEND, thread_name_prefix=f"backend-{name}")
         self._running: dict[int, tuple[str, float]] = {}
+        self._threads = asyncio.Semaphore(MAX_THREADS_PER_BACKEND)
+        """Calls wait for a free thread (within their timeout) instead of queueing in the pool."""
         self._call_ids = itertools.count()
         self.failures: Counter[str] = Counter()
         """Hook calls that raised, timed out or were refused as busy, by hook name."""
@@ -116,27 +118,36 @@ class Backend:
         return hook in self._implemented
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
-        """Run one hook in the backend's pool, bounded by the hook timeout."""
-        if len(self._running) >= MAX_THREADS_PER_BACKEND:
+        """Run one hook in the backend's pool, bounded by the hook timeout (waiting for a thread included)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hook_timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._threads.acquire()
+        except TimeoutError:
             self.failures[hook] += 1
             raise BackendBusy(
                 self.name, hook, f"not called: {len(self._running)} earlier hook calls have not returned"
-            )
+            ) from None
         caller = getattr(self._pm.hook, hook)
         context = contextvars.copy_context()
         call = functools.partial(context.run, functools.partial(caller, **kwargs))
         call_id = next(self._call_ids)
         self._running[call_id] = (hook, time.monotonic())
-        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
-        future.add_done_callback(lambda _: self._running.pop(call_id, None))
+        future = loop.run_in_executor(self._executor, call)
+        future.add_done_callback(lambda _: self._finished(call_id))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.hook_timeout)
+            return await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - loop.time()))
         except TimeoutError:
             self.failures[hook] += 1
             raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None
         except Exception as exc:
             self.failures[hook] += 1
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
+
+    def _finished(self, call_id: int) -> None:
+        self._running.pop(call_id, None)
+        self._threads.release()
 
     def refuse(self, hook: str, problem: str) -> HookError:
         """Count and describe an answer that breaks the contract."""

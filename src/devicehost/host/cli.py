@@ -182,9 +182,11 @@ def _run_command(config: Any, reload_config: Any, config_file: Path | None, simu
         from devicehost.host.sockets import SocketDirError, check_socket_dir
 
         try:
-            check_socket_dir(config.device_plugins_dir)
+            check_socket_dir(config.device_plugins_dir, config.allow_symlinked_dirs)
             if config.registration_mode == "watcher":
-                check_socket_dir(config.plugins_registry_dir)
+                check_socket_dir(
+                    config.plugins_registry_dir, config.allow_symlinked_dirs, "plugins_registry dir"
+                )
         except SocketDirError as exc:
             print(f"devicehost: {exc}", file=sys.stderr)
             return EXIT_USAGE

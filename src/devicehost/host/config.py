@@ -31,6 +31,7 @@ ENV_CONFIG = "DEVICEHOST_CONFIG"
 # Environment variable -> config key. Lists are comma-separated.
 ENV_KEYS: dict[str, str] = {
     "DEVICEHOST_DEVICE_PLUGINS_DIR": "device_plugins_dir",
+    "DEVICEHOST_ALLOW_SYMLINKED_DIRS": "allow_symlinked_dirs",
     "DEVICEHOST_PLUGINS_REGISTRY_DIR": "plugins_registry_dir",
     "DEVICEHOST_REGISTRATION_MODE": "registration_mode",
     "DEVICEHOST_METRICS_ADDRESS": "metrics_address",
@@ -57,6 +58,9 @@ class HostConfig(BaseModel):
 
     device_plugins_dir: Path = Field(
         DEFAULT_DEVICE_PLUGINS_DIR, description="the kubelet's device-plugins dir (kubelet.sock lives here)"
+    )
+    allow_symlinked_dirs: bool = Field(
+        False, description="accept a device-plugins or plugins_registry dir reached through a symlink"
     )
     plugins_registry_dir: Path = Field(
         DEFAULT_PLUGINS_REGISTRY_DIR,

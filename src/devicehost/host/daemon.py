@@ -38,6 +38,7 @@ log = structlog.get_logger(__name__)
 
 RESTART_KEYS = (
     "device_plugins_dir",
+    "allow_symlinked_dirs",
     "plugins_registry_dir",
     "registration_mode",
     "metrics_address",

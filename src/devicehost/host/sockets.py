@@ -47,7 +47,7 @@ def socket_name(resource: str, token: str, directory: Path) -> str:
     return f"{PREFIX}{safe[:keep]}-{digest}-{token}{SUFFIX}"
 
 
-def check_socket_dir(directory: Path, allow_symlink: bool = False) -> None:
+def check_socket_dir(directory: Path, allow_symlink: bool = False, what: str = "device-plugins dir") -> None:
     """Fail with a clear reason if the host cannot create sockets in ``directory``.
 
     A path that resolves elsewhere through a symlink is refused unless ``allow_symlink``: the
@@ -58,19 +58,17 @@ def check_socket_dir(directory: Path, allow_symlink: bool = False) -> None:
         real = os.path.realpath(directory)
         if real != os.path.abspath(directory):
             raise SocketDirError(
-                f"device-plugins dir {directory} is a symlink (or lies under one) to {real}; "
+                f"{what} {directory} is a symlink (or lies under one) to {real}; "
                 "point the host at the real dir, or allow symlinks in the configuration"
             )
     if not directory.exists():
-        raise SocketDirError(
-            f"device-plugins dir {directory} does not exist: is the kubelet's dir mounted into the pod?"
-        )
+        raise SocketDirError(f"{what} {directory} does not exist: is the kubelet's dir mounted into the pod?")
     if not directory.is_dir():
-        raise SocketDirError(f"device-plugins dir {directory} is not a directory")
+        raise SocketDirError(f"{what} {directory} is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise SocketDirError(f"device-plugins dir {directory} is not writable by uid {os.getuid()}")
+        raise SocketDirError(f"{what} {directory} is not writable by uid {os.getuid()}")
     if len(os.fsencode(directory)) + 1 + len(f"{PREFIX}x-{'0' * 8}-{new_token()}{SUFFIX}") > MAX_UNIX_PATH:
-        raise SocketDirError(f"device-plugins dir {directory} is too long a path for unix sockets")
+        raise SocketDirError(f"{what} {directory} is too long a path for unix sockets")
 
 
 def inode_of(path: Path) -> int | None:
