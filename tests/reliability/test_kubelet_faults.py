@@ -66,31 +66,15 @@ async def test_kubelet_restarts_in_a_row_at_random_moments(
     entered = asyncio.Event()
     original: Callable[[api_pb2.RegisterRequest], Awaitable[str | None]] = kubelet._register
 
-    handlers: set[asyncio.Task[str | None]] = set()
-
     async def counting_register(request: api_pb2.RegisterRequest) -> str | None:
         nonlocal in_register
         in_register += 1
         entered.set()
-
-        async def handle() -> str | None:
+        try:
             await asyncio.sleep(0.005)  # widen the window a little, as a busy kubelet would
             return await original(request)
-
-        try:
-            handler = asyncio.ensure_future(handle())
-            handlers.add(handler)
-            handler.add_done_callback(handlers.discard)
-            return await handler
         finally:
             in_register -= 1
-
-    async def restart() -> None:
-        # A kubelet that restarts is a new process: its Register handlers die with the old one.
-        # (The stand-in lets them run on and finish a registration after the restart.)
-        for handler in list(handlers):
-            handler.cancel()
-        await kubelet.restart()
 
     setattr(kubelet, "_register", counting_register)  # noqa: B010 - the servicer is built at each start
     kinds = {"plain": 0, "during register": 0, "during allocate": 0}
@@ -105,12 +89,12 @@ async def test_kubelet_restarts_in_a_row_at_random_moments(
             kind = rng.choice(list(kinds))
             if kind == "during register":
                 entered.clear()
-                await restart()
+                await kubelet.restart()
                 mark = len(kubelet.events)
                 await asyncio.wait_for(entered.wait(), 5)
                 await asyncio.sleep(rng.uniform(0, 0.004))
                 assert in_register > 0  # this restart lands during a Register call
-                await restart()
+                await kubelet.restart()
                 for name in RESOURCES:
                     assert registered_since(kubelet, mark, name) <= 1
             elif kind == "during allocate":
@@ -118,7 +102,7 @@ async def test_kubelet_restarts_in_a_row_at_random_moments(
                 backend.proceed.clear()
                 pending = asyncio.create_task(kubelet.allocate_ids("example.com/b", ["w1"], timeout=5))
                 await wait_until(backend.entered.is_set, 5, "the allocate hook to run")
-                await restart()
+                await kubelet.restart()
                 backend.proceed.set()
                 await asyncio.wait([pending], timeout=5)
                 assert pending.done()
@@ -129,7 +113,7 @@ async def test_kubelet_restarts_in_a_row_at_random_moments(
                     assert exc.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), exc
             else:
                 await asyncio.sleep(rng.uniform(0, 0.03))
-                await restart()
+                await kubelet.restart()
             kinds[kind] += 1
             mark = len(kubelet.events)
             await all_streaming(kubelet)

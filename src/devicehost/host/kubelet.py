@@ -123,6 +123,9 @@ class KubeletWatcher:
                 )
                 self.refresh()
                 await asyncio.sleep(POLL_INTERVAL)
+            except Exception:  # every resource depends on this task: never let it die
+                log.exception("the device-plugins dir watcher failed; watching again")
+                await asyncio.sleep(POLL_INTERVAL)
 
     async def _follow(self, inotify: Inotify) -> None:
         """Refresh on every batch of events, and every POLL_INTERVAL; return if the dir goes."""

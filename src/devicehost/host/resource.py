@@ -194,8 +194,12 @@ class ResourceServer:
             self._stream_lost = True
             self._wake.set()
 
+    def _socket_gone(self) -> bool:
+        """Our socket file is not there (or is not the one we bound): serve again."""
+        return self._inode is None or inode_of(self.path) != self._inode
+
     def _on_dir_change(self) -> None:
-        if inode_of(self.path) != self._inode or self._watcher.generation != self._registered_generation:
+        if self._socket_gone() or self._watcher.generation != self._registered_generation:
             self._wake.set()
 
     async def _serve(self) -> None:
@@ -215,11 +219,17 @@ class ResourceServer:
                 self.name, lambda: str(self.path), self._on_watcher_status
             )
             registration_grpc.add_RegistrationServicer_to_server(registration, server)
-        server.add_insecure_port(f"unix:{self.path}")
-        await server.start()
-        os.chmod(self.path, self._socket_mode)
-        self._server = server
+        # The socket file is created by bind() inside add_insecure_port: the umask gives it its
+        # mode from the start (no chmod race with a kubelet cleaning the dir, nothing to follow).
+        # The umask is process-wide, so files other threads create meanwhile only get stricter.
+        umask = os.umask(0o777 & ~self._socket_mode)
+        try:
+            server.add_insecure_port(f"unix:{self.path}")
+        finally:
+            os.umask(umask)
         self._inode = inode_of(self.path)
+        await server.start()
+        self._server = server
         self._socket_created = time.monotonic()
         self._watcher_status = None
         self._log.info("serving", socket=str(self.path))
@@ -238,7 +248,7 @@ class ResourceServer:
         reason = "start"
         while True:
             self._wake.clear()
-            if inode_of(self.path) != self._inode:
+            if self._socket_gone():
                 self._log.info("socket was removed, serving again")
                 await self._stop_server()
                 await self._serve()
@@ -298,14 +308,14 @@ class ResourceServer:
         while True:
             self._wake.clear()
             refused = self._watcher_status is not None and not self._watcher_status[0]
-            if inode_of(self.path) == self._inode and not self._stream_lost and not refused:
+            if not self._socket_gone() and not self._stream_lost and not refused:
                 await self._wake.wait()
                 continue
             if self._stream_lost and not refused:
                 # a restarted kubelet registers the sockets it finds: give it the chance first
                 await asyncio.sleep(WATCHER_REREGISTER_WAIT)
                 self._stream_lost = False
-                if self.servicer.open_streams and inode_of(self.path) == self._inode:
+                if self.servicer.open_streams and not self._socket_gone():
                     continue
             if refused:
                 await asyncio.sleep(delay)

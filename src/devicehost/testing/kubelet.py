@@ -13,6 +13,7 @@ and models kubelet 1.32 where plugins trip over it. Tests drive and inspect it::
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -74,13 +75,21 @@ class _Resource:
         )
 
 
+_handler_epoch: contextvars.ContextVar[int] = contextvars.ContextVar("kubelet_handler_epoch")
+"""Which start of the stand-in a Register handler belongs to."""
+
+
 class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, register: Callable[[api_pb2.RegisterRequest], Awaitable[str | None]]) -> None:
+    def __init__(
+        self, register: Callable[[api_pb2.RegisterRequest], Awaitable[str | None]], epoch: int
+    ) -> None:
         self._register = register
+        self._epoch = epoch
 
     async def Register(
         self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> api_pb2.Empty:
+        _handler_epoch.set(self._epoch)
         error = await self._register(request)
         if error:
             # A plain Go error from the kubelet's handler reaches the plugin as UNKNOWN.
@@ -125,6 +134,7 @@ class KubeletStandIn:
         self._conns: set[PluginConnection] = set()
         self._events: list[Event] = []
         self._changed = asyncio.Event()
+        self._epoch = 0
         self._log = structlog.get_logger("devicehost.kubelet")
 
     async def __aenter__(self) -> KubeletStandIn:
@@ -153,7 +163,10 @@ class KubeletStandIn:
             )
             self._watcher.start()
         server = grpc.aio.server()
-        api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self._register), server)
+        self._epoch += 1
+        api_pb2_grpc.add_RegistrationServicer_to_server(
+            _RegistrationServicer(self._register, self._epoch), server
+        )
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
@@ -229,6 +242,8 @@ class KubeletStandIn:
         conn = PluginConnection(name, socket_path, self._on_list, self._on_stream_end)
         try:
             options = await conn.connect(self.dial_timeout)
+            if _handler_epoch.get(self._epoch) != self._epoch:  # a real kubelet's handler dies with it
+                raise ConnectError("kubelet restarted during the registration")
         except BaseException:
             await conn.close()
             raise
