@@ -10,10 +10,8 @@ from typing import Any
 
 import grpc
 import pytest
-import structlog
 from faultkit import Ledger, wait_until
-from hostfakes import ScriptedBackend, TopologyBackend, running_host, socket_files, widgets
-from structlog.testing import capture_logs
+from hostfakes import ScriptedBackend, TopologyBackend, captured_logs, running_host, socket_files, widgets
 
 import devicehost
 from devicehost import Device, Health, PreferredAllocationRequest, Resource
@@ -139,7 +137,7 @@ async def test_failing_call_hook_gets_its_status_and_a_log_line(
     faulty = FaultyBackend(widgets(FAULTY, 3))
     faulty.faults[hook] = fault
     good = ScriptedBackend(widgets(GOOD, 2))
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with captured_logs() as logs:
         async with running_host(plugin_dir, {"faulty": faulty, "good": good}, hook_timeout=0.3):
             await kubelet.wait_for_resource(FAULTY, healthy=3)
             with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -172,7 +170,7 @@ async def test_failing_lifecycle_hook_leaves_the_resource_out_and_the_rest_serve
     faulty = FaultyBackend(widgets(FAULTY, 3))
     faulty.faults[hook] = fault
     good = ScriptedBackend(widgets(GOOD, 2))
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with captured_logs() as logs:
         async with running_host(plugin_dir, {"faulty": faulty, "good": good}, hook_timeout=0.3) as host:
             await good_still_serves(kubelet)
             await wait_until(lambda: any(e["event"] == event for e in logs), 5, event)
@@ -190,7 +188,7 @@ async def test_failing_health_hook_keeps_the_devices_as_they_were(
     faulty = FaultyBackend(widgets(FAULTY, 3))
     faulty.faults["devicehost_health"] = fault
     good = ScriptedBackend(widgets(GOOD, 2))
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with captured_logs() as logs:
         async with running_host(
             plugin_dir, {"faulty": faulty, "good": good}, hook_timeout=0.2, health_interval=0.05
         ):
@@ -209,7 +207,7 @@ async def test_failing_stop_hook_still_withdraws_in_time(
 ) -> None:
     faulty = FaultyBackend(widgets(FAULTY, 1))
     faulty.faults["devicehost_stop"] = fault
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with captured_logs() as logs:
         started = 0.0
         async with running_host(plugin_dir, {"faulty": faulty}, hook_timeout=0.3):
             await kubelet.wait_for_resource(FAULTY, healthy=1)
@@ -232,7 +230,7 @@ async def test_bad_device_ids_are_refused_from_discovery_and_from_the_notifier(
     kubelet: KubeletStandIn, plugin_dir: Path, devices: tuple[Device, ...], problem: str, ledger: Ledger
 ) -> None:
     bad = ScriptedBackend(Resource("example.com/bad", devices), widgets(FAULTY, 2))
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with captured_logs() as logs:
         async with running_host(plugin_dir, {"bad": bad}) as host:
             await kubelet.wait_for_resource(FAULTY, healthy=2)
             assert "example.com/bad" not in host.resources
@@ -288,7 +286,7 @@ async def test_crashing_notifier_thread_leaves_the_host_serving(
     monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_value))
     pusher = ScriptedBackend(widgets(FAULTY, 2))
     good = ScriptedBackend(widgets(GOOD, 2))
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with captured_logs() as logs:
         async with running_host(plugin_dir, {"pusher": pusher, "good": good}):
             await kubelet.wait_for_resource(FAULTY, healthy=2)
             notifier = pusher.notifiers[FAULTY]

@@ -12,10 +12,8 @@ from typing import Any
 
 import grpc
 import pytest
-import structlog
 from faultkit import Ledger, open_fds, wait_until
-from hostfakes import ScriptedBackend, TopologyBackend, running_host, socket_files, widgets
-from structlog.testing import capture_logs
+from hostfakes import ScriptedBackend, TopologyBackend, captured_logs, running_host, socket_files, widgets
 
 import devicehost
 from devicehost import Health, Resource
@@ -135,7 +133,7 @@ async def test_kubelet_absent_at_start_then_appearing(plugin_dir: Path, long_mod
     """The host serves, says it waits, and registers as soon as kubelet.sock appears."""
     absent_for = 10.0 if long_mode else 1.5
     backend = ScriptedBackend(widgets("example.com/late", 2))
-    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with captured_logs() as logs:
         async with running_host(plugin_dir, {"b": backend}):
             await wait_until(lambda: len(socket_files(plugin_dir)) == 1, 5, "the socket to be served")
             await asyncio.sleep(absent_for)  # the kubelet is away this long (not an assertion)
@@ -184,7 +182,7 @@ async def test_register_never_answered_times_out_and_retries_with_backoff(
         raw.listen(64)
     backend = ScriptedBackend(widgets("example.com/patient", 1))
     try:
-        with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        with captured_logs() as logs:
             async with running_host(plugin_dir, {"b": backend}, register_timeout=0.1):
 
                 def failures() -> list[Any]:

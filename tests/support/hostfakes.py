@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import structlog
+import structlog.testing
 
 import devicehost
 from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Resource
@@ -183,3 +186,21 @@ def install_test_backends(site: Path) -> None:
     install_fake_distribution(site, "devicehost-broken", "dh_broken", BROKEN_IMPORT, "broken = dh_broken")
     install_fake_distribution(site, "devicehost-asyncy", "dh_asyncy", ASYNC_BACKEND, "asyncy = dh_asyncy")
     install_fake_distribution(site, "devicehost-typo", "dh_typo", TYPO_BACKEND, "typo = dh_typo")
+
+
+@contextlib.contextmanager
+def captured_logs() -> Iterator[list[dict[str, Any]]]:
+    """Every structlog line while active, with bound contextvars (``resource=``, ``backend=``) merged.
+
+    ``structlog.testing.capture_logs(processors=...)`` does this only from structlog 25.5; the
+    ``min`` env runs 24.1.
+    """
+    capture = structlog.testing.LogCapture()
+    old = structlog.get_config()
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, capture], cache_logger_on_first_use=False
+    )
+    try:
+        yield capture.entries
+    finally:
+        structlog.configure(**old)
