@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,10 @@ async def test_resources_register_through_the_plugin_watcher(
             await kubelet.wait_for_resource("example.com/b", healthy=3)
             assert socket_files(registry_dir) == sorted(s.socket_name for s in host.resources.values())
             assert socket_files(plugin_dir) == []
+            for _ in range(200):  # NotifyRegistrationStatus follows the stream's start
+                if all(s.registered for s in host.resources.values()):
+                    break
+                await asyncio.sleep(0.01)
             assert all(s.registered for s in host.resources.values())
             result = await kubelet.allocate("example.com/b", 2)
             assert dict(result.response.container_responses[0].envs) == {"IDS": "w0,w1"}

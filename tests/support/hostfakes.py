@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +189,7 @@ def install_test_backends(site: Path) -> None:
 
 
 @contextlib.contextmanager
-def captured_logs() -> Iterator[list[dict[str, Any]]]:
+def captured_logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """Every structlog line while active, with bound contextvars (``resource=``, ``backend=``) merged.
 
     ``structlog.testing.capture_logs(processors=...)`` does this only from structlog 25.5; the

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -176,7 +176,7 @@ def _run_command(config: Any, reload_config: Any, config_file: Path | None, simu
     if simulate:
         from devicehost.host.simulate import run_simulated
 
-        code: int = asyncio.run(run_simulated(config, backends, reload_config, failed, config_file))
+        _exit_now(asyncio.run(run_simulated(config, backends, reload_config, failed, config_file)))
     else:
         from devicehost.host.daemon import Host, install_signal_handlers
         from devicehost.host.sockets import SocketDirError, check_socket_dir
@@ -191,18 +191,25 @@ def _run_command(config: Any, reload_config: Any, config_file: Path | None, simu
             print(f"devicehost: {exc}", file=sys.stderr)
             return EXIT_USAGE
 
-        async def serve() -> int:
+        async def serve() -> None:
             host = Host(config, backends, reload_config, failed, config_file)
             install_signal_handlers(host, lambda: os._exit(EXIT_FAILED))
             await host.run()
-            return EXIT_OK
+            _exit_now(EXIT_OK)
 
-        code = asyncio.run(serve())
-    if any(b.busy for b in backends):  # hook threads that never returned must not hold the exit
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+        asyncio.run(serve())
+    return EXIT_FAILED  # not reached: _exit_now leaves
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Leave once every socket is removed and every stop hook has run.
+
+    Hook threads that never returned, and grpc's own teardown at interpreter exit, must not keep
+    the pod in Terminating after the host has cleaned up.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _backends_command(config: Any) -> int:

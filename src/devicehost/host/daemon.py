@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
-import logging
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +43,7 @@ RESTART_KEYS = (
     "metrics_address",
     "socket_mode",
     "log_format",
+    "log_level",
 )
 """Settings a reload cannot change: the sockets, servers and log renderer already in use."""
 
@@ -183,7 +183,6 @@ class Host:
             new = new.model_copy(update=fixed)
         self.config = new
         cdi.set_default_dir(new.cdi_dir)
-        logging.getLogger().setLevel(new.log_level.upper())
         for backend in self.backends.values():
             backend.hook_timeout = new.hook_timeout
         for server in self.resources.values():

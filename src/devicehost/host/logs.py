@@ -1,6 +1,9 @@
 """Logging: structlog for our lines, the same renderer for stdlib loggers (grpc, stevedore).
 
 JSON lines when the output is not a terminal (a DaemonSet pod), readable console lines on one.
+Our own lines take structlog's fast path (a filtering bound logger writing straight to the
+stream: a line below the level costs nothing, one above it never goes through stdlib logging);
+stdlib loggers go through ``ProcessorFormatter`` with the same processors and renderer.
 Context bound with ``structlog.contextvars`` (``resource=``, ``backend=``) is merged first, so
 it reaches every line, including those logged from hook threads.
 """
@@ -22,8 +25,7 @@ def configure_logging(level: str = "info", log_format: str = "auto", stream: Tex
     as_json = log_format == "json" or (log_format == "auto" and not stream.isatty())
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
+        structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.typing.Processor = (
@@ -31,24 +33,16 @@ def configure_logging(level: str = "info", log_format: str = "auto", stream: Tex
         if as_json
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
+    tracebacks: list[structlog.typing.Processor] = [structlog.processors.dict_tracebacks] if as_json else []
     structlog.configure(
-        processors=[
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.processors.StackInfoRenderer(),
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[*shared, structlog.processors.StackInfoRenderer(), *tracebacks, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.WriteLoggerFactory(stream),
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            *([structlog.processors.dict_tracebacks] if as_json else []),
-            renderer,
-        ],
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tracebacks, renderer],
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
