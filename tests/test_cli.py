@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,50 +39,64 @@ def devicehost_stop(resource):
 
 
 class Daemon:
-    """A ``devicehost`` subprocess whose JSON log lines are read as they come."""
+    """A ``devicehost`` subprocess whose JSON log lines are collected by a reader thread.
+
+    The pipe is always drained: a daemon blocked on a full stdout pipe (asyncio's debug mode,
+    on under PYTHONDEVMODE, logs every slow callback) would neither answer nor exit.
+    """
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "devicehost", *args],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
             env=env,
         )
         self.lines: list[dict[str, Any]] = []
+        self._new_line = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            with self._new_line:
+                self.lines.append(json.loads(raw))
+                self._new_line.notify_all()
 
     def wait_for(self, event: str, timeout: float = 15, **fields: Any) -> dict[str, Any]:
-        """Read log lines until one has this event (and fields); fail with what was seen."""
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        for line in self.lines:
-            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
-                return line
-        while time.monotonic() < deadline:
-            raw = self.proc.stdout.readline()
-            if not raw:
-                break
-            line = json.loads(raw)
-            self.lines.append(line)
-            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
-                return line
-        raise AssertionError(f"no {event!r} {fields} in the log; saw {[x.get('event') for x in self.lines]}")
+        """Wait for a log line with this event (and fields); fail with what was seen."""
+
+        def found() -> dict[str, Any] | None:
+            for line in self.lines:
+                if line.get("event") == event and all(line.get(k) == v for k, v in fields.items()):
+                    return line
+            return None
+
+        with self._new_line:
+            self._new_line.wait_for(lambda: found() is not None or not self._reader.is_alive(), timeout)
+            line = found()
+        if line is None:
+            raise AssertionError(
+                f"no {event!r} {fields} in the log; saw {[x.get('event') for x in self.lines]}"
+            )
+        return line
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
-        """Signal the daemon, wait for its exit, and read the rest of its log."""
+        """Signal the daemon, wait for its exit, and for the rest of its log."""
         self.proc.send_signal(sig)
         code = self.proc.wait(timeout)
-        assert self.proc.stdout is not None
-        self.lines.extend(json.loads(raw) for raw in self.proc.stdout.read().splitlines())
+        self._reader.join(timeout)
         return code
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 @pytest.fixture

@@ -122,11 +122,10 @@ class Host:
                     await asyncio.wait_for(self._wake.wait(), self.config.rediscover_interval)
         finally:
             await self.shutdown()
-            for task in (watch, follow):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            helpers = [task for task in (watch, follow) if task is not None]
+            for task in helpers:
+                task.cancel()
+            await asyncio.wait(helpers)  # unlike awaiting them, this never swallows our own cancel
             if probes is not None:
                 await probes.stop()
 

@@ -9,7 +9,6 @@ allocation per resource, until interrupted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import tempfile
@@ -55,8 +54,7 @@ async def run_simulated(
         await host.run()
     finally:
         show.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await show
+        await asyncio.wait([show])
         await kubelet.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

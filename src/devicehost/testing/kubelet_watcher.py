@@ -80,8 +80,7 @@ class PluginWatcher:
         """Stop watching; registrations already made stay (the kubelet owns them)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait([self._task])
             self._task = None
         self._plugins.clear()
 
