@@ -250,3 +250,20 @@ def test_symlinked_device_plugins_dir_is_refused_unless_allowed(env: dict[str, s
         assert daemon.stop() == 0
     finally:
         daemon.close()
+
+
+def test_a_closed_stdout_does_not_stop_the_host_from_stopping(env: dict[str, str]) -> None:
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devicehost", "run", "--simulate-kubelet", "--backend", "example"],
+        stdout=write_end,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    os.close(write_end)
+    with os.fdopen(read_end) as log:
+        assert json.loads(log.readline())["event"] == "kubelet started"
+    # the reader is gone: every line the host writes from now on hits EPIPE
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0

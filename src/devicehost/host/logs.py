@@ -10,11 +10,28 @@ it reaches every line, including those logged from hook threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import TextIO
 
 import structlog
+
+
+class _SafeWriteLogger(structlog.WriteLogger):
+    """structlog's WriteLogger, except that a broken or closed stream drops the line.
+
+    Our lines are written by the calling code itself (no logging.Handler to catch errors): an
+    EPIPE on stdout must not turn a signal handler or a resource's loop into a crash.
+    """
+
+    def msg(self, message: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            super().msg(message)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -37,7 +54,7 @@ def configure_logging(level: str = "info", log_format: str = "auto", stream: Tex
     structlog.configure(
         processors=[*shared, structlog.processors.StackInfoRenderer(), *tracebacks, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.WriteLoggerFactory(stream),
+        logger_factory=lambda *_: _SafeWriteLogger(stream),
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
