@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hostfakes import install_test_backends
 
 from devicehost.testing.kubelet import KubeletStandIn
 
@@ -33,3 +35,14 @@ async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletStandIn]:
     """A kubelet stand-in serving kubelet.sock in ``plugin_dir``."""
     async with KubeletStandIn(plugin_dir) as stand_in:
         yield stand_in
+
+
+@pytest.fixture
+def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Test backends (a good one, broken ones) installed as distributions on sys.path, for one test."""
+    site = tmp_path / "site"
+    install_test_backends(site)
+    monkeypatch.syspath_prepend(str(site))
+    yield site
+    for module in ("dh_good", "dh_broken", "dh_asyncy", "dh_typo"):
+        sys.modules.pop(module, None)

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostfakes import install_test_backends
 
 from devicehost.host.loader import UnknownBackendError, load_backends
-
-
-@pytest.fixture
-def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Backends installed as distributions on sys.path, only for this test."""
-    site = tmp_path / "site"
-    install_test_backends(site)
-    monkeypatch.syspath_prepend(str(site))
-    yield site
-    for module in ("dh_good", "dh_broken", "dh_asyncy", "dh_typo"):
-        sys.modules.pop(module, None)
 
 
 def test_broken_backends_are_reported_and_the_good_one_loads(fake_site: Path) -> None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import yaml
-from hostfakes import install_test_backends
 
 from devicehost.host.config import build_config
 from devicehost.host.daemon import Host
@@ -69,16 +67,6 @@ async def host_from_file(config_file: Path) -> AsyncIterator[Host]:
     finally:
         host.request_stop()
         await asyncio.wait_for(task, 10)
-
-
-@pytest.fixture
-def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    site = tmp_path / "site"
-    install_test_backends(site)
-    monkeypatch.syspath_prepend(str(site))
-    yield site
-    for module in ("dh_good", "dh_broken", "dh_asyncy", "dh_typo"):
-        sys.modules.pop(module, None)
 
 
 async def test_configmap_update_adds_and_removes_and_leaves_the_rest_alone(
