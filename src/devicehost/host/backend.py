@@ -122,7 +122,10 @@ class Backend:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hook_timeout
         try:
-            async with asyncio.timeout_at(deadline):
+            if self._threads.locked():  # only then can acquiring wait: bound the wait
+                async with asyncio.timeout_at(deadline):
+                    await self._threads.acquire()
+            else:
                 await self._threads.acquire()
         except TimeoutError:
             self.failures[hook] += 1
@@ -137,7 +140,8 @@ class Backend:
         future = loop.run_in_executor(self._executor, call)
         future.add_done_callback(lambda _: self._finished(call_id))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - loop.time()))
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(future)  # a hung hook's thread runs on; we stop waiting
         except TimeoutError:
             self.failures[hook] += 1
             raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None

@@ -149,7 +149,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             if problem:
                 await self._abort_answer(context, "devicehost_allocate", problem)
             responses.append(wire.container_allocation(allocation))
-            log.info("allocated", devices=list(ids))
+            log.debug("allocated", devices=list(ids))
         return api_pb2.AllocateResponse(container_responses=responses)
 
     async def GetPreferredAllocation(
