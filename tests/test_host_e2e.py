@@ -230,3 +230,19 @@ async def test_kubelet_absent_at_start_then_appearing(plugin_dir: Path) -> None:
         async with KubeletStandIn(plugin_dir) as late:
             view = await late.wait_for_resource("example.com/a", healthy=2, timeout=5)
             assert view.registrations == 1
+
+
+async def test_rediscovery_does_not_undo_pushed_health(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
+    backend = ScriptedBackend(widgets("example.com/widget", 2))
+    async with running_host(plugin_dir, {"push": backend}, rediscover_interval=0.05) as host:
+        await kubelet.wait_for_resource("example.com/widget", healthy=2)
+        backend.notifiers["example.com/widget"].set_health({"w0": Health.UNHEALTHY})
+        await kubelet.wait_for_resource("example.com/widget", healthy=1)
+        discoveries = host.discoveries
+        while host.discoveries < discoveries + 3:  # discovery keeps saying w0 is Healthy, as before
+            await asyncio.sleep(0.02)
+        assert kubelet.allocatable("example.com/widget") == 1
+        # a change in what discovery reports does count (w1), an unchanged report does not (w0)
+        backend.resources = [Resource("example.com/widget", (Device("w0"), Device("w1", Health.UNHEALTHY)))]
+        view = await kubelet.wait_for_resource("example.com/widget", healthy=0, total=2)
+        assert [(d.id, d.health) for d in view.devices] == [("w0", "Unhealthy"), ("w1", "Unhealthy")]

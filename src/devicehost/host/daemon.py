@@ -255,7 +255,7 @@ class Host:
         fresh = [(b, r) for name, (b, r) in wanted.items() if name not in self.resources]
         for name, (_, resource) in wanted.items():
             if name in self.resources:
-                self.resources[name].apply_devices(resource.devices)
+                self.resources[name].apply_discovery(resource.devices)
         await asyncio.gather(*(self._withdraw(server) for server in stale))
         await asyncio.gather(*(self._add(backend, resource) for backend, resource in fresh))
 

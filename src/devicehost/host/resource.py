@@ -92,6 +92,7 @@ class ResourceServer:
         directory = registry_dir or directory
         self.name = resource.name
         self.table = DeviceTable(resource.devices)
+        self._discovered_health = {d.id: d.health for d in resource.devices}
         self.directory = directory
         self.socket_name = socket_name(resource.name, token, directory)
         self.health_interval = health_interval
@@ -160,6 +161,23 @@ class ResourceServer:
         except HookError as exc:
             self._log.error("stop hook failed", error=str(exc))
         self._log.info("withdrawn")
+
+    def apply_discovery(self, devices: tuple[Device, ...]) -> None:
+        """Take a rediscovered device list; its health counts only where discovery's view changed.
+
+        Health also arrives pushed (notifier) and polled (health hook): a discovery that reports
+        the same health for a device as last time says nothing new, so it must not undo a newer
+        pushed or polled state. Every source reports changes, and the latest change wins.
+        """
+        current = {d.id: d for d in self.table.devices}
+        merged = tuple(
+            Device(d.id, current[d.id].health, d.numa_nodes)
+            if d.id in current and self._discovered_health.get(d.id) == d.health
+            else d
+            for d in devices
+        )
+        self._discovered_health = {d.id: d.health for d in devices}
+        self.apply_devices(merged)
 
     def apply_devices(self, devices: tuple[Device, ...]) -> None:
         """Take a new device list from discovery or the backend's notifier, if it is valid."""
