@@ -2,6 +2,8 @@
 
 Changes bump ``version`` and wake every waiting stream; the wire message is built lazily, once
 per version, so a burst of changes costs one build and each stream sends only the latest list.
+A health change patches a copy of the last built message instead (building 1024 device messages
+in Python takes milliseconds, copying the built one and setting a field a tenth of one).
 """
 
 from __future__ import annotations
@@ -45,15 +47,24 @@ class DeviceTable:
 
     def set_health(self, health: Mapping[str, Health]) -> bool:
         """Set the health of known devices (unknown IDs are ignored); True if anything changed."""
-        changed = False
+        changed = {}
         for device_id, value in health.items():
             device = self._devices.get(device_id)
             if device is not None and device.health is not value:
                 self._devices[device_id] = Device(device.id, value, device.numa_nodes)
-                changed = True
-        if changed:
-            self._bump()
-        return changed
+                changed[device_id] = value
+        if not changed:
+            return False
+        built = self._message
+        self._bump()
+        if built is not None:  # health only: the order and every other field stay as built
+            patched = api_pb2.ListAndWatchResponse()
+            patched.CopyFrom(built)
+            position = {device_id: n for n, device_id in enumerate(self._devices)}
+            for device_id, value in changed.items():
+                patched.devices[position[device_id]].health = value.value
+            self._message = patched
+        return True
 
     def message(self) -> api_pb2.ListAndWatchResponse:
         """The ListAndWatch message for the current version."""

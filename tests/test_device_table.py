@@ -1,0 +1,31 @@
+"""The device table's wire message stays exactly what a full rebuild gives, however it was reached."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from devicehost import Device, Health
+from devicehost.host import wire
+from devicehost.host.device_table import DeviceTable
+
+ids = st.lists(st.text("abcdef0123", min_size=1, max_size=4), min_size=1, max_size=30, unique=True)
+healths = st.sampled_from(list(Health))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), device_ids=ids)
+def test_patched_messages_equal_a_full_rebuild(data: st.DataObject, device_ids: list[str]) -> None:
+    table = DeviceTable([Device(i, numa_nodes=(n % 2,)) for n, i in enumerate(device_ids)])
+    for _ in range(data.draw(st.integers(1, 8))):
+        table.message()  # built (as after a send), so the next health change patches it
+        if data.draw(st.booleans()):
+            update = data.draw(
+                st.dictionaries(st.sampled_from([*device_ids, "unknown"]), healths, max_size=5)
+            )
+            version = table.version
+            changed = table.set_health(update)
+            assert changed == (table.version == version + 1)
+        else:
+            table.replace([d for d in table.devices if data.draw(st.booleans())] or list(table.devices))
+        assert table.message() == wire.device_list(table.devices)
