@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -207,8 +208,9 @@ def _exit_now(code: int) -> NoReturn:
     Hook threads that never returned, and grpc's own teardown at interpreter exit, must not keep
     the pod in Terminating after the host has cleaned up.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away loses the tail
+            stream.flush()
     os._exit(code)
 
 
