@@ -37,7 +37,8 @@ async def watch_config_file(path: Path, on_change: Callable[[], None]) -> None:
                 inotify.add_watch(path.parent, _MASK)
                 while True:
                     try:
-                        await asyncio.wait_for(inotify.get(), POLL_INTERVAL)
+                        async with asyncio.timeout(POLL_INTERVAL):
+                            await inotify.get()
                         await asyncio.sleep(SETTLE)  # a ConfigMap swap is several events
                     except TimeoutError:
                         pass

@@ -47,6 +47,9 @@ RESTART_KEYS = (
 )
 """Settings a reload cannot change: the sockets, servers and log renderer already in use."""
 
+HELPER_STOP_TIMEOUT = 2.0
+"""Seconds shutdown waits for the watcher tasks after cancelling them; it never hangs on them."""
+
 DEPRECATION_FILE = "DEPRECATION"
 """Written by kubelets that register device plugins through the plugin watcher."""
 
@@ -119,13 +122,14 @@ class Host:
                     await self._reload()
                 await self.reconcile()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.config.rediscover_interval)
+                    async with asyncio.timeout(self.config.rediscover_interval):
+                        await self._wake.wait()
         finally:
             await self.shutdown()
             helpers = [task for task in (watch, follow) if task is not None]
             for task in helpers:
                 task.cancel()
-            await asyncio.wait(helpers)  # unlike awaiting them, this never swallows our own cancel
+            await asyncio.wait(helpers, timeout=HELPER_STOP_TIMEOUT)  # never swallows our own cancel
             if probes is not None:
                 await probes.stop()
 

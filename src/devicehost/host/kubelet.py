@@ -131,7 +131,8 @@ class KubeletWatcher:
         """Refresh on every batch of events, and every POLL_INTERVAL; return if the dir goes."""
         while True:
             try:
-                event = await asyncio.wait_for(inotify.get(), POLL_INTERVAL)
+                async with asyncio.timeout(POLL_INTERVAL):  # not wait_for: 3.11's can swallow a cancel
+                    event = await inotify.get()
             except TimeoutError:
                 self.refresh()
                 continue
@@ -197,11 +198,19 @@ class KubeletClient:
         request = api_pb2.RegisterRequest(
             version=API_VERSION, endpoint=endpoint, resource_name=resource, options=options
         )
+        call = self._stub().Register(request, timeout=self._timeout)
         try:
-            await self._stub().Register(request, timeout=self._timeout)
+            await call
         except grpc.aio.AioRpcError as exc:
             detail = exc.details() or ""
             raise RegisterError(f"{exc.code().name}: {detail}".rstrip(": ")) from None
+        except asyncio.CancelledError:
+            # grpc.aio raises CancelledError for an RPC the *server* cancelled (a kubelet going
+            # down mid-Register); only a cancel aimed at our own task may propagate.
+            task = asyncio.current_task()
+            if call.cancelled() and task is not None and not task.cancelling():
+                raise RegisterError("CANCELLED: the kubelet cancelled the call") from None
+            raise
 
     async def close(self) -> None:
         self._retire_channel()

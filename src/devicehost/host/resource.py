@@ -112,6 +112,7 @@ class ResourceServer:
         self._socket_created = 0.0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._notifier = Notifier(asyncio.get_running_loop(), self)
         self.servicer = DevicePluginServicer(
             backend, resource.name, self.table, self._on_stream_lost, observe_allocation
@@ -143,13 +144,16 @@ class ResourceServer:
             await self.backend.start(self.name, self._notifier)
             await self._serve()
             supervise = self._supervise_watcher() if self.watcher_mode else self._supervise()
-            self._tasks.append(asyncio.create_task(supervise, name=f"register {self.name}"))
+            task = asyncio.create_task(supervise, name=f"register {self.name}")
+            task.add_done_callback(self._supervisor_ended)
+            self._tasks.append(task)
             if self.backend.implements("devicehost_health"):
                 self._tasks.append(asyncio.create_task(self._poll_health(), name=f"health {self.name}"))
         self._watcher.subscribe(self._on_dir_change)
 
     async def stop(self) -> None:
         """Withdraw: stop registering, end streams, stop serving, remove the socket, call stop."""
+        self._stopping = True
         self._watcher.unsubscribe(self._on_dir_change)
         self._notifier.close()
         for task in self._tasks:
@@ -261,7 +265,15 @@ class ResourceServer:
         self._inode = None
 
     async def _supervise(self) -> None:
-        """The re-register loop; runs until the resource is withdrawn."""
+        """The re-register loop; runs until the resource is withdrawn, whatever goes wrong in it."""
+        while True:
+            try:
+                await self._register_forever()
+            except Exception:
+                self._log.exception("the re-register loop failed; starting it again")
+                await asyncio.sleep(BACKOFF_MAX)
+
+    async def _register_forever(self) -> None:
         delay = BACKOFF_INITIAL
         reason = "start"
         while True:
@@ -293,7 +305,8 @@ class ResourceServer:
                 self._registered_generation = None
                 self._log.warning("register failed", error=str(exc), retry_in=round(delay, 3))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
             delay = BACKOFF_INITIAL
@@ -307,6 +320,11 @@ class ResourceServer:
                 registrations=self.registrations,
                 took_ms=round(self.last_registration_seconds * 1000, 2),
             )
+
+    def _supervisor_ended(self, task: asyncio.Task[None]) -> None:
+        if not self._stopping:
+            how = "cancelled" if task.cancelled() else repr(task.exception())
+            self._log.error("the re-register loop ended unexpectedly", how=how)
 
     def _on_watcher_status(self, registered: bool, error: str) -> None:
         """The kubelet's plugin watcher reports the outcome of registering this socket."""
