@@ -173,13 +173,14 @@ def build_config(
     if config_file is None and environ.get(ENV_CONFIG):
         config_file = Path(environ[ENV_CONFIG])
     merged: dict[str, Any] = read_config_file(config_file) if config_file else {}
-    merged.update(env_overrides(environ))
+    from_env = env_overrides(environ)
+    merged.update(from_env)
     merged.update({key: value for key, value in (cli or {}).items() if value not in (None, [], ())})
     sources = ", ".join(
         part
         for part, used in (
             (f"file {config_file}", config_file),
-            ("environment", env_overrides(environ)),
+            ("environment", from_env),
             ("command line", cli),
         )
         if used

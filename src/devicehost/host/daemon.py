@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,12 +19,13 @@ from typing import TYPE_CHECKING
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs import ENTRY_POINT_GROUP, rules
+from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Resource
 from devicehost.host.backend import Backend, HookError
 from devicehost.host.config import ConfigError, HostConfig
 from devicehost.host.config_watch import watch_config_file
 from devicehost.host.kubelet import KubeletClient, KubeletWatcher
+from devicehost.host.loader import enabled_backend_names, load_backends
 from devicehost.host.metrics import HostMetrics
 from devicehost.host.resource import ResourceServer
 from devicehost.host.sockets import new_token, remove_stale
@@ -206,7 +206,7 @@ class Host:
 
     async def _apply_backend_set(self, old: HostConfig, new: HostConfig) -> None:
         """Withdraw backends no longer enabled; load the newly enabled ones (and retry failed ones)."""
-        wanted = _wanted_backends(new)
+        wanted = enabled_backend_names(new.enabled_backends, new.disabled_backends)
         for name in [n for n in self.backends if n not in wanted]:
             backend = self.backends.pop(name)
             await asyncio.gather(
@@ -214,7 +214,7 @@ class Host:
             )
             backend.close()
             log.info("backend disabled", backend=name)
-        previously = _wanted_backends(old)
+        previously = enabled_backend_names(old.enabled_backends, old.disabled_backends)
         to_load = [
             name
             for name in wanted
@@ -226,7 +226,6 @@ class Host:
         ]
         if not to_load:
             return
-        from devicehost.host.loader import load_backends
 
         for status in await asyncio.to_thread(load_backends, to_load, [], new.hook_timeout):
             if status.backend is None:
@@ -345,13 +344,6 @@ class Host:
     async def _withdraw(self, server: ResourceServer) -> None:
         self.resources.pop(server.name, None)
         await server.stop()
-
-
-def _wanted_backends(config: HostConfig) -> list[str]:
-    """The backend names a configuration enables, among those installed."""
-    installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
-    names = [n for n in config.enabled_backends if n in installed] if config.enabled_backends else installed
-    return [n for n in names if n not in config.disabled_backends]
 
 
 def install_signal_handlers(host: Host, on_forced_exit: Callable[[], None]) -> None:

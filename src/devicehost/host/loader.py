@@ -37,6 +37,13 @@ class UnknownBackendError(LookupError):
     """The allow-list names backends that are not installed."""
 
 
+def enabled_backend_names(enabled: Sequence[str], disabled: Sequence[str]) -> list[str]:
+    """The installed backends an allow-list (empty: all, by name) and a disable-list leave."""
+    installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+    names = [n for n in enabled if n in installed] if enabled else installed
+    return [n for n in names if n not in disabled]
+
+
 def _distribution(entry_point: Any) -> tuple[str | None, str | None]:
     """The distribution and version that ship an entry point's module."""
     module = entry_point.value.split(":")[0].strip()

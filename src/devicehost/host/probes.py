@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from devicehost.host.status import host_status
+from devicehost.host.status import host_status, stuck_hooks
 
 if TYPE_CHECKING:
     from devicehost.host.daemon import Host
@@ -43,7 +43,7 @@ class ProbeServer:
         return web.Response(body=self._host.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        stuck = {name: b.stuck_hooks() for name, b in self._host.backends.items() if b.stuck_hooks()}
+        stuck = stuck_hooks(self._host)
         if stuck:
             lines = [
                 f"{name}: {', '.join(hooks)} stuck past the hook timeout" for name, hooks in stuck.items()

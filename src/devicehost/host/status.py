@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from devicehost.host.daemon import Host
 
 
+def stuck_hooks(host: Host) -> dict[str, list[str]]:
+    """Hooks running past the hook timeout, by backend (only backends that have some)."""
+    return {name: hooks for name, backend in host.backends.items() if (hooks := backend.stuck_hooks())}
+
+
 def host_status(host: Host) -> dict[str, Any]:
     """A JSON-ready snapshot: backends, resources, kubelet, readiness and liveness."""
     resources = {
@@ -27,7 +32,7 @@ def host_status(host: Host) -> dict[str, Any]:
         }
         for name, server in sorted(host.resources.items())
     }
-    stuck = {name: b.stuck_hooks() for name, b in host.backends.items() if b.stuck_hooks()}
+    stuck = stuck_hooks(host)
     return {
         "kubelet": {"socket": str(host.watcher.kubelet_socket), "present": host.watcher.inode is not None},
         "backends": {
