@@ -20,7 +20,7 @@ from pathlib import Path
 import devicehost
 from benchmarks.bare_server import parse_resources
 from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Mount, Resource
-from devicehost.host.backend import Backend
+from devicehost.host.backends.backend import Backend
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
 from devicehost.host.logs import configure_logging

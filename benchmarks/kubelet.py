@@ -7,8 +7,8 @@ import time
 from collections.abc import Iterable
 
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
+from devicehost.standin.connection import PluginConnection
 from devicehost.testing.kubelet import KubeletStandIn
-from devicehost.testing.kubelet_plugin import PluginConnection
 
 Arrival = tuple[float, api_pb2.ListAndWatchResponse]
 

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devicehost import Device, Health
-from devicehost.host import wire
-from devicehost.host.device_table import DeviceTable
+from devicehost.host.serving import wire
+from devicehost.host.serving.table import DeviceTable
 
 ids = st.lists(st.text("abcdef0123", min_size=1, max_size=4), min_size=1, max_size=30, unique=True)
 healths = st.sampled_from(list(Health))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from devicehost.host.loader import UnknownBackendError, load_backends
+from devicehost.host.backends.loader import UnknownBackendError, load_backends
 
 
 def test_broken_backends_are_reported_and_the_good_one_loads(fake_site: Path) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import build_config
 from devicehost.host.daemon import Host
-from devicehost.host.loader import load_backends
 from devicehost.testing.kubelet import EventKind, KubeletStandIn
 
 pytestmark = pytest.mark.timeout(60)

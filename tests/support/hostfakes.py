@@ -14,7 +14,7 @@ import structlog.testing
 
 import devicehost
 from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Resource
-from devicehost.host.backend import Backend
+from devicehost.host.backends.backend import Backend
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
 

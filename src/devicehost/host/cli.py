@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         return _config_command(args, config)
     if args.command == "status":
-        from devicehost.host.status import print_status
+        from devicehost.host.ops.status import print_status
 
         return print_status(args.address or config.metrics_address)
     if args.command == "backends":
@@ -153,7 +153,7 @@ def _config_command(args: argparse.Namespace, config: Any) -> int:
 
 def _load(config: Any) -> Any:
     """Load backends or explain why not; returns the statuses or an exit code."""
-    from devicehost.host.loader import UnknownBackendError, load_backends
+    from devicehost.host.backends.loader import UnknownBackendError, load_backends
 
     try:
         return load_backends(config.enabled_backends, config.disabled_backends, config.hook_timeout)
@@ -226,7 +226,7 @@ def _backends_command(config: Any) -> int:
         return EXIT_OK
 
     async def discover(backend: Any) -> str:
-        from devicehost.host.backend import HookError
+        from devicehost.host.backends.backend import HookError
 
         try:
             if backend.implements("devicehost_configure"):

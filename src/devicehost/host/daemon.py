@@ -21,17 +21,18 @@ import structlog
 from devicehost import cdi
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Resource
-from devicehost.host.backend import Backend, HookError
+from devicehost.host.backends.backend import Backend, HookError
+from devicehost.host.backends.loader import enabled_backend_names, load_backends
 from devicehost.host.config import ConfigError, HostConfig
 from devicehost.host.config_watch import watch_config_file
-from devicehost.host.kubelet import KubeletClient, KubeletWatcher
-from devicehost.host.loader import enabled_backend_names, load_backends
-from devicehost.host.metrics import HostMetrics
-from devicehost.host.resource import ResourceServer
+from devicehost.host.kubelet.client import KubeletClient
+from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
+from devicehost.host.ops.metrics import HostMetrics
+from devicehost.host.serving.resource import ResourceServer
 from devicehost.host.sockets import new_token, remove_stale
 
 if TYPE_CHECKING:
-    from devicehost.host.probes import ProbeServer
+    from devicehost.host.ops.probes import ProbeServer
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +72,7 @@ class Host:
         """Backends that did not load or whose settings were refused, with the reason."""
         self.resources: dict[str, ResourceServer] = {}
         self.token = new_token()
-        self.watcher = KubeletWatcher(config.device_plugins_dir)
+        self.watcher = KubeletSocketWatch(config.device_plugins_dir)
         self._reload_config = reload_config
         self._config_file = config_file
         self._client = KubeletClient(self.watcher, config.register_timeout)
@@ -137,7 +138,7 @@ class Host:
         """Serve /metrics, /healthz, /readyz and /status when metrics_address is set."""
         if not self.config.metrics_address:
             return None
-        from devicehost.host.probes import ProbeServer
+        from devicehost.host.ops.probes import ProbeServer
 
         probes = ProbeServer(self, self.config.metrics_address)
         await probes.start()

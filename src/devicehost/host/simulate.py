@@ -19,10 +19,10 @@ import grpc
 import structlog
 from google.protobuf import json_format
 
-from devicehost.host.backend import Backend
+from devicehost.host.backends.backend import Backend
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host, install_signal_handlers
-from devicehost.testing.kubelet import AdmissionError, EventKind, KubeletStandIn
+from devicehost.standin import AdmissionError, EventKind, KubeletStandIn
 
 log = structlog.get_logger("devicehost.simulate")
 

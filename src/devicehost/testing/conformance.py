@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from devicehost.hookspecs import REQUIRED_HOOKS, rules
 from devicehost.hookspecs.types import Health, PreferredAllocationRequest, Resource
-from devicehost.host.backend import hook_implementations
+from devicehost.host.backends.backend import hook_implementations
+from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.daemon import Host
-from devicehost.host.loader import UnknownBackendError
 from devicehost.testing.conformance_support import (
     HEALTH_TOGGLE,
     UNKNOWN_ID,

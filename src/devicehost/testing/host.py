@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from devicehost.host.backend import Backend
+from devicehost.host.backends.backend import Backend
+from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
-from devicehost.host.loader import load_backends
 
 STOP_TIMEOUT = 10.0
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from devicehost.host.status import host_status, stuck_hooks
+from devicehost.host.ops.status import host_status, stuck_hooks
 
 if TYPE_CHECKING:
     from devicehost.host.daemon import Host

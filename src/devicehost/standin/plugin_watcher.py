@@ -13,7 +13,7 @@ from asyncinotify import Inotify, Mask
 
 from devicehost.hookspecs.rules import resource_name_problem
 from devicehost.proto.pluginregistration.v1 import api_pb2, api_pb2_grpc
-from devicehost.testing.kubelet_plugin import CHANNEL_OPTIONS, ConnectError
+from devicehost.standin.connection import CHANNEL_OPTIONS, ConnectError
 
 GET_INFO_TIMEOUT = 1.0
 NOTIFY_TIMEOUT = 1.0

@@ -15,7 +15,7 @@ import structlog
 from stevedore import ExtensionManager, NamedExtensionManager
 
 from devicehost.hookspecs import ENTRY_POINT_GROUP
-from devicehost.host.backend import Backend, BackendContractError
+from devicehost.host.backends.backend import Backend, BackendContractError
 
 log = structlog.get_logger(__name__)
 

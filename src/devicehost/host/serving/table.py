@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 
 from devicehost.hookspecs.types import Device, Health
-from devicehost.host import wire
+from devicehost.host.serving import wire
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 
 

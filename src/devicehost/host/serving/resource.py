@@ -22,11 +22,12 @@ import structlog
 
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Device, Health, Resource
-from devicehost.host.backend import Backend, HookError
-from devicehost.host.device_table import DeviceTable
-from devicehost.host.kubelet import KubeletClient, KubeletWatcher, RegisterError
-from devicehost.host.plugin_registration import PluginRegistrationServicer
-from devicehost.host.servicer import DevicePluginServicer
+from devicehost.host.backends.backend import Backend, HookError
+from devicehost.host.kubelet.client import KubeletClient, RegisterError
+from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
+from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
+from devicehost.host.serving.servicer import DevicePluginServicer
+from devicehost.host.serving.table import DeviceTable
 from devicehost.host.sockets import inode_of, remove_own, socket_name
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
@@ -80,7 +81,7 @@ class ResourceServer:
         token: str,
         socket_mode: int,
         health_interval: float,
-        watcher: KubeletWatcher,
+        watcher: KubeletSocketWatch,
         client: KubeletClient,
         request_rediscovery: Callable[[], None],
         observe_allocation: Callable[[float], None],

@@ -1,7 +1,7 @@
 """The plugin-watcher registration path: ``pluginregistration.Registration`` on the resource socket.
 
-In watcher mode a resource's socket lives in the kubelet's ``plugins_registry`` dir and serves
-this service next to DevicePlugin: the kubelet's watcher sees the socket appear, asks
+In plugin-watcher mode a resource's socket lives in the kubelet's ``plugins_registry`` dir and serves
+this service next to DevicePlugin: the kubelet's plugin watcher sees the socket appear, asks
 ``GetInfo`` (the endpoint is this same socket), dials it, and reports the outcome with
 ``NotifyRegistrationStatus``.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from devicehost.host.kubelet import API_VERSION
+from devicehost.host.kubelet.client import API_VERSION
 from devicehost.proto.pluginregistration.v1 import api_pb2, api_pb2_grpc
 
 PLUGIN_TYPE = "DevicePlugin"

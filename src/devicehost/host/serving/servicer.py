@@ -18,9 +18,9 @@ import structlog
 
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import PreferredAllocationRequest
-from devicehost.host import wire
-from devicehost.host.backend import Backend, BackendBusy, HookError, HookTimeout
-from devicehost.host.device_table import DeviceTable
+from devicehost.host.backends.backend import Backend, BackendBusy, HookError, HookTimeout
+from devicehost.host.serving import wire
+from devicehost.host.serving.table import DeviceTable
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 log = structlog.get_logger(__name__)

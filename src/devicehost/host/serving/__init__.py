@@ -1,0 +1,1 @@
+"""One resource served: its socket, its DevicePlugin servicer, its streams and its registration."""
