@@ -7,9 +7,9 @@ breaks. Backends and their tests may call them too.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from devicehost.hookspecs.types import ContainerAllocation
+from devicehost.hookspecs.types import ContainerAllocation, Device, Resource
 
 MAX_DEVICE_ID_LENGTH = 63
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -100,4 +100,26 @@ def preferred_allocation_problem(
     missing = set(must_include) - set(answer)
     if missing:
         return f"left out device IDs that must be included: {sorted(missing)}"
+    return None
+
+
+def discovery_problem(answer: object) -> str | None:
+    """``devicehost_discover`` returns a sequence of Resource, each holding a sequence of Device."""
+    if not isinstance(answer, (list, tuple)) or not all(isinstance(r, Resource) for r in answer):
+        return f"must return a list of devicehost.Resource, got {answer!r:.200}"
+    for resource in answer:
+        if not isinstance(resource.devices, (list, tuple)) or not all(
+            isinstance(d, Device) for d in resource.devices
+        ):
+            return f"{resource.name}: devices must be devicehost.Device, got {resource.devices!r:.200}"
+    return None
+
+
+def preferred_request_problem(available: Sequence[str], must_include: Sequence[str], size: int) -> str | None:
+    """A preferred-allocation request the kubelet could make: must-include IDs available, a size that fits."""
+    if not set(must_include) <= set(available) or not len(must_include) <= size <= len(available):
+        return (
+            f"cannot pick {size} of {len(available)} available devices including {len(must_include)}"
+            " must-include ones (which must all be available)"
+        )
     return None

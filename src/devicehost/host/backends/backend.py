@@ -22,7 +22,7 @@ from typing import Any
 
 import pluggy
 
-from devicehost.hookspecs import REQUIRED_HOOKS, spec
+from devicehost.hookspecs import REQUIRED_HOOKS, rules, spec
 from devicehost.hookspecs.types import (
     ContainerAllocation,
     Device,
@@ -70,6 +70,19 @@ def hook_implementations(plugin: object) -> dict[str, Any]:
     return found
 
 
+def new_plugin_manager(name: str, plugin: object) -> pluggy.PluginManager:
+    """A pluggy manager holding only ``plugin``, checked against the hook specs.
+
+    Raises :class:`pluggy.PluginValidationError` when a hookimpl names no spec or takes
+    arguments its spec does not have. The host and the conformance suite both build theirs here.
+    """
+    manager = pluggy.PluginManager(spec.PROJECT_NAME)
+    manager.add_hookspecs(spec)
+    manager.register(plugin, name=name)
+    manager.check_pending()
+    return manager
+
+
 class Backend:
     """A backend ready to call: ``await backend.allocate(...)`` and friends."""
 
@@ -87,11 +100,8 @@ class Backend:
             raise BackendContractError(f"does not implement required hook(s): {', '.join(missing)}")
         self.name = name
         self.hook_timeout = hook_timeout
-        self._pm = pluggy.PluginManager(spec.PROJECT_NAME)
-        self._pm.add_hookspecs(spec)
         try:
-            self._pm.register(plugin, name=name)
-            self._pm.check_pending()
+            self._pm = new_plugin_manager(name, plugin)
         except pluggy.PluginValidationError as exc:
             raise BackendContractError(str(exc)) from exc
         self._implemented = frozenset(impls)
@@ -165,15 +175,9 @@ class Backend:
         answer = await self._call("devicehost_discover")
         if answer is None:
             return []
-        if not isinstance(answer, (list, tuple)) or not all(isinstance(r, Resource) for r in answer):
-            raise self.refuse("devicehost_discover", "must return a list of devicehost.Resource")
-        for resource in answer:
-            if not isinstance(resource.devices, (list, tuple)) or not all(
-                isinstance(d, Device) for d in resource.devices
-            ):
-                raise self.refuse(
-                    "devicehost_discover", f"{resource.name}: devices must be devicehost.Device"
-                )
+        problem = rules.discovery_problem(answer)
+        if problem:
+            raise self.refuse("devicehost_discover", problem)
         return list(answer)
 
     async def health(self, resource: str, devices: tuple[Device, ...]) -> dict[str, Health]:
