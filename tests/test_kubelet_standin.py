@@ -16,7 +16,7 @@ import pytest
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as reg_pb2_grpc
-from devicehost.testing.kubelet import AdmissionError, EventKind, KubeletStandIn
+from devicehost.standin import AdmissionError, EventKind, KubeletStandIn
 
 NAME = "example.com/widget"
 Context = grpc.aio.ServicerContext[Any, Any]
