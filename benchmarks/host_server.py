@@ -1,7 +1,7 @@
 """The host in its own process with a backend the benchmark can poke: health changes on command.
 
 ``python -m benchmarks.host_server --dir DIR --resources name=8,... --mode push|poll`` runs the
-real :class:`~devicehost.host.daemon.Host` (logging as ``devicehost run`` does, to ``--log``).
+real :class:`~devicehost.host.daemon.Host` (through ``devicehost.host.app.running``) (logging as ``devicehost run`` does, to ``--log``).
 A line ``push <resource> <Healthy|Unhealthy>`` on stdin changes device 0's health and prints the
 ``time.monotonic()`` of the change: in ``push`` mode through the ResourceNotifier given in
 ``devicehost_start``, in ``poll`` mode only in the state ``devicehost_health`` returns. EOF stops it.
@@ -20,6 +20,7 @@ from pathlib import Path
 import devicehost
 from benchmarks.bare_server import parse_resources
 from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Mount, Resource
+from devicehost.host.app import running
 from devicehost.host.backends.backend import Backend
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
@@ -105,11 +106,11 @@ def read_commands(loop: asyncio.AbstractEventLoop, backend: PushBackend, host: H
 async def main(args: argparse.Namespace) -> None:
     backend = (PollBackend if args.mode == "poll" else PushBackend)(args.resources)
     config = HostConfig(device_plugins_dir=args.dir, health_interval=args.health_interval)
-    host = Host(config, [Backend("bench", backend, config.hook_timeout)])
-    threading.Thread(
-        target=read_commands, args=(asyncio.get_running_loop(), backend, host), daemon=True
-    ).start()
-    await host.run()
+    async with running(config, [Backend("bench", backend, config.hook_timeout)]) as host:
+        threading.Thread(
+            target=read_commands, args=(asyncio.get_running_loop(), backend, host), daemon=True
+        ).start()
+        await host.stopping.wait()
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ async def test_running_host_loads_installed_backends_by_name(
     async with running_host(plugin_dir, ["example"], backends=settings) as host:
         view = await kubelet.wait_for_resource("example.com/gadget", healthy=2)
         assert [d.id for d in view.devices] == ["gadget-0", "gadget-1"]
-        assert list(host.backends) == ["example"]
+        assert list(host.backends.loaded) == ["example"]
 
 
 async def test_running_host_refuses_a_backend_that_breaks_the_contract(

@@ -157,7 +157,7 @@ async def test_kubelet_restarts_twenty_times_and_every_resource_comes_back(
             assert kubelet.registrations("example.com/a") == round_ + 2
             assert kubelet.registrations("example.com/b") == round_ + 2
             assert len(socket_files(plugin_dir)) == 2
-        assert host.resources["example.com/a"].registrations == 21
+        assert host.snapshot().resource("example.com/a").registration_count == 21
         result = await kubelet.allocate("example.com/b", 1)
         assert result.device_ids == ("w0",)
 
@@ -173,7 +173,7 @@ async def test_dropped_stream_registers_again(kubelet: KubeletStandIn, plugin_di
         await kubelet.wait_for_event(EventKind.REGISTERED, "example.com/a", since=since)
         view = await kubelet.wait_for_resource("example.com/a", healthy=2)
         assert view.registrations == 2
-        assert host.resources["example.com/b"].registrations == 1
+        assert host.snapshot().resource("example.com/b").registration_count == 1
         assert kubelet.registrations("example.com/b") == 1
 
 
@@ -182,13 +182,13 @@ async def test_rediscovery_withdraws_and_adds_resources(kubelet: KubeletStandIn,
     async with running_host(plugin_dir, {"b": backend}, rediscover_interval=0.1) as host:
         await kubelet.wait_for_resource("example.com/a", healthy=2)
         await kubelet.wait_for_resource("example.com/b", healthy=1)
-        b_socket = host.resources["example.com/b"].socket_name
+        b_socket = host.resources["example.com/b"].socket.name
         backend.resources = [widgets("example.com/b", 1), widgets("example.com/c", 5)]
         await kubelet.wait_for_resource("example.com/c", healthy=5)
         await kubelet.wait_for_event(EventKind.DISCONNECTED, "example.com/a", since=0)
         assert "example.com/a" not in host.resources
         assert backend.count("devicehost_stop", "example.com/a") == 1
-        assert host.resources["example.com/b"].socket_name == b_socket
+        assert host.resources["example.com/b"].socket.name == b_socket
         assert kubelet.registrations("example.com/b") == 1
         assert len(socket_files(plugin_dir)) == 2
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devicehost.host.app import running
 from devicehost.host.backends.loader import load_backends
-from devicehost.host.config import build_config
+from devicehost.host.config import HostConfig, build_config
 from devicehost.host.daemon import Host
 from devicehost.testing.kubelet import EventKind, KubeletStandIn
 
@@ -54,19 +55,14 @@ def example_config(plugin_dir: Path, resources: dict[str, int], **extra: object)
 async def host_from_file(config_file: Path) -> AsyncIterator[Host]:
     """The real host, its backends loaded from entry points, reloading from ``config_file``."""
 
-    def load() -> object:
+    def load() -> HostConfig:
         return build_config(config_file, {}, {})
 
     config = build_config(config_file, {}, {})
     statuses = load_backends(config.enabled_backends, config.disabled_backends, config.hook_timeout)
     backends = [s.backend for s in statuses if s.backend is not None]
-    host = Host(config, backends, lambda: build_config(config_file, {}, {}), config_file=config_file)
-    task = asyncio.create_task(host.run())
-    try:
+    async with running(config, backends, reload_config=load, config_file=config_file) as host:
         yield host
-    finally:
-        host.request_stop()
-        await asyncio.wait_for(task, 10)
 
 
 async def test_configmap_update_adds_and_removes_and_leaves_the_rest_alone(
@@ -91,7 +87,7 @@ async def test_configmap_update_adds_and_removes_and_leaves_the_rest_alone(
 
         assert sorted(host.resources) == ["example.com/a", "example.com/c", "example.com/d"]
         assert host.resources["example.com/c"] is kept
-        assert kept.registrations == 1
+        assert host.snapshot().resource("example.com/c").registration_count == 1
         assert kubelet.registrations("example.com/c") == 1
         assert kubelet.view("example.com/c").connected
         assert len(kubelet.history("example.com/c")) == lists_before
@@ -131,7 +127,7 @@ async def test_reload_enables_and_disables_backends(
             )
         )
         await kubelet.wait_for_resource("good.example.com/thing", healthy=2)
-        assert sorted(host.backends) == ["example", "good"]
+        assert sorted(host.backends.loaded) == ["example", "good"]
         since = len(kubelet.events)
         config_file.write_text(
             yaml.safe_dump(
@@ -144,6 +140,6 @@ async def test_reload_enables_and_disables_backends(
             )
         )
         await kubelet.wait_for_event(EventKind.DISCONNECTED, "example.com/a", since=since)
-        assert sorted(host.backends) == ["good"]
+        assert sorted(host.backends.loaded) == ["good"]
         assert sorted(host.resources) == ["good.example.com/thing"]
         assert kubelet.registrations("good.example.com/thing") == 1

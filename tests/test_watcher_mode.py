@@ -30,13 +30,13 @@ async def test_resources_register_through_the_plugin_watcher(
         async with running_host(plugin_dir, {"w": backend}, **settings) as host:
             await kubelet.wait_for_resource("example.com/a", healthy=2)
             await kubelet.wait_for_resource("example.com/b", healthy=3)
-            assert socket_files(registry_dir) == sorted(s.socket_name for s in host.resources.values())
+            assert socket_files(registry_dir) == sorted(s.socket.name for s in host.resources.values())
             assert socket_files(plugin_dir) == []
             for _ in range(200):  # NotifyRegistrationStatus follows the stream's start
-                if all(s.registered for s in host.resources.values()):
+                if all(r.registered for r in host.snapshot().resources):
                     break
                 await asyncio.sleep(0.01)
-            assert all(s.registered for s in host.resources.values())
+            assert all(r.registered for r in host.snapshot().resources)
             result = await kubelet.allocate("example.com/b", 2)
             assert dict(result.response.container_responses[0].envs) == {"IDS": "w0,w1"}
         await kubelet.wait_for_event(EventKind.DEREGISTERED, "example.com/a", since=0)
@@ -58,7 +58,7 @@ async def test_watcher_mode_registers_again_after_a_dropped_stream(
         kubelet.drop_stream("example.com/a")
         await kubelet.wait_for_event(EventKind.REGISTERED, "example.com/a", since=since)
         await kubelet.wait_for_resource("example.com/a", healthy=2)
-        assert host.resources["example.com/a"].registrations == 2
+        assert host.snapshot().resource("example.com/a").registration_count == 2
 
 
 async def test_auto_mode_uses_kubelet_sock_without_the_deprecation_file(
@@ -67,5 +67,5 @@ async def test_auto_mode_uses_kubelet_sock_without_the_deprecation_file(
     backend = ScriptedBackend(widgets("example.com/a", 1))
     async with running_host(plugin_dir, {"k": backend}, plugins_registry_dir=registry_dir) as host:
         await kubelet.wait_for_resource("example.com/a", healthy=1)
-        assert not host.resources["example.com/a"].watcher_mode
+        assert host.resources["example.com/a"].socket.directory == plugin_dir
         assert socket_files(registry_dir) == []

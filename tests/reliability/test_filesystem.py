@@ -47,7 +47,7 @@ async def test_what_sits_at_the_socket_path_is_left_alone(
                 path.write_text("not a socket")
             before = path.lstat()
             await kubelet.wait_for_resource(NAME, healthy=2)
-            assert host.resources[NAME].path != path
+            assert host.resources[NAME].socket.path != path
             assert path.lstat().st_ino == before.st_ino
             assert stat.S_IFMT(path.lstat().st_mode) == stat.S_IFMT(before.st_mode)
         assert path.lstat().st_ino == before.st_ino  # still there after the host stopped
@@ -117,5 +117,5 @@ async def test_dir_deleted_and_recreated(kubelet: KubeletStandIn, plugin_dir: Pa
         view = await kubelet.wait_for_resource(NAME, healthy=2, timeout=10)
         assert view.registrations == 2
         assert len(socket_files(plugin_dir)) == 1
-        assert host.resources[NAME].registered
+        assert host.snapshot().resource(NAME).registered
     ledger.add("device-plugins dir deleted and recreated")

@@ -113,7 +113,7 @@ class HostThread:
             await kubelet.wait_for_resource(NAME, healthy=len(KNOWN))
             await kubelet.wait_for_resource(OTHER, healthy=2)
             for name, server in host.resources.items():
-                self._channels[name] = grpc.aio.insecure_channel(f"unix:{server.path}")
+                self._channels[name] = grpc.aio.insecure_channel(f"unix:{server.socket.path}")
             self._ready.set()
             await self._stop.wait()
             for channel in self._channels.values():
@@ -126,7 +126,7 @@ class HostThread:
 
     def socket_paths(self) -> list[Path]:
         assert self.host is not None
-        return [server.path for server in self.host.resources.values()]
+        return [server.socket.path for server in self.host.resources.values()]
 
     async def raw(self, method: str, body: bytes) -> Answer:
         """Call ``method`` of the hostile resource with ``body`` as the serialized request."""

@@ -116,7 +116,7 @@ async def test_kubelet_restarts_in_a_row_at_random_moments(
             mark = len(kubelet.events)
             await all_streaming(kubelet)
             assert len(socket_files(plugin_dir)) == len(RESOURCES)
-            assert all(host.resources[name].registered for name in RESOURCES)
+            assert all(host.snapshot().resource(name).registered for name in RESOURCES)
         await wait_until(lambda: open_fds() <= fds_before + 8, 10, f"fds back near {fds_before}")
         fds_after = open_fds()
         result = await kubelet.allocate("example.com/b", 2)
@@ -227,8 +227,8 @@ async def test_dropped_stream_of_one_resource_leaves_the_others_alone(
         assert kubelet.registrations("example.com/b") == 2
         for name in ("example.com/a", "example.com/c"):
             assert kubelet.registrations(name) == 1
-            assert host.resources[name].registrations == 1
-            assert host.resources[name].servicer.open_streams == 1
+            assert host.snapshot().resource(name).registration_count == 1
+            assert host.snapshot().resource(name).streams == 1
             assert not [e for e in kubelet.events[since:] if e.resource == name]
         backend.notifiers["example.com/a"].set_health({"w0": Health.UNHEALTHY})
         await kubelet.wait_for_resource("example.com/a", healthy=1, total=2)

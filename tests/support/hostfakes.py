@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping, Sequence
@@ -14,6 +13,7 @@ import structlog.testing
 
 import devicehost
 from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Resource
+from devicehost.host.app import running
 from devicehost.host.backends.backend import Backend
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
@@ -109,16 +109,13 @@ async def running_host(
     settings.setdefault("hook_timeout", 2.0)
     config = HostConfig(device_plugins_dir=directory, **settings)
     loaded = [Backend(name, plugin, config.hook_timeout) for name, plugin in backends.items()]
-    host = Host(config, loaded)
-    task = asyncio.create_task(host.run())
-    try:
-        yield host
-    finally:
-        for plugin in backends.values():
-            if isinstance(plugin, ScriptedBackend):
-                plugin.hang.set()
-        host.request_stop()
-        await asyncio.wait_for(task, 10)
+    async with running(config, loaded) as host:
+        try:
+            yield host
+        finally:
+            for plugin in backends.values():
+                if isinstance(plugin, ScriptedBackend):
+                    plugin.hang.set()
 
 
 def socket_files(directory: Path) -> Sequence[str]:

@@ -7,11 +7,12 @@ breaks. Backends and their tests may call them too.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from devicehost.hookspecs.types import ContainerAllocation, Device, Resource
+from devicehost.hookspecs.types import ContainerAllocation, Device, DeviceSpec, Mount, Resource
 
 MAX_DEVICE_ID_LENGTH = 63
+MAX_DOMAIN_LENGTH = 253 - len("requests.")
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -28,7 +29,12 @@ def resource_name_problem(name: str) -> str | None:
     if name.startswith("requests."):
         return f"resource name {name!r} must not start with 'requests.'"
     domain, short = name.split("/")
-    if len(domain) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(domain):
+    if len(domain) > MAX_DOMAIN_LENGTH:
+        return (
+            f"resource name {name!r}: the domain is {len(domain)} characters, more than {MAX_DOMAIN_LENGTH}"
+            " (the kubelet checks it as the quota name 'requests.<domain>', at most 253)"
+        )
+    if not _DNS1123_SUBDOMAIN.fullmatch(domain):
         return f"resource name {name!r}: {domain!r} is not a DNS-1123 subdomain"
     if len(short) > 63 or not _QUALIFIED_NAME.fullmatch(short):
         return (
@@ -64,20 +70,56 @@ def allocation_problem(allocation: object) -> str | None:
     """Check what ``devicehost_allocate`` returned before it is sent to the kubelet."""
     if not isinstance(allocation, ContainerAllocation):
         return f"returned {type(allocation).__name__}, expected ContainerAllocation"
-    for key, value in [*allocation.envs.items(), *allocation.annotations.items()]:
-        if not isinstance(key, str) or not isinstance(value, str) or not key:
-            return f"envs and annotations must map non-empty strings to strings, got {key!r}: {value!r}"
-    for mount in allocation.mounts:
+    return (
+        _mappings_problem(allocation)
+        or _mounts_problem(allocation.mounts)
+        or _device_specs_problem(allocation.devices)
+        or _cdi_names_problem(allocation.cdi_devices)
+    )
+
+
+def _mappings_problem(allocation: ContainerAllocation) -> str | None:
+    for what, mapping in (("envs", allocation.envs), ("annotations", allocation.annotations)):
+        if not isinstance(mapping, Mapping):
+            return f"{what} must be a mapping, got {type(mapping).__name__}"
+        for key, value in mapping.items():
+            if not isinstance(key, str) or not isinstance(value, str) or not key:
+                return f"envs and annotations must map non-empty strings to strings, got {key!r}: {value!r}"
+    return None
+
+
+def _mounts_problem(mounts: object) -> str | None:
+    if not isinstance(mounts, (list, tuple)) or not all(isinstance(m, Mount) for m in mounts):
+        return f"mounts must be a sequence of devicehost.Mount, got {mounts!r:.200}"
+    for mount in mounts:
         for path in (mount.container_path, mount.host_path):
             if not isinstance(path, str) or not path.startswith("/"):
                 return f"mount path {path!r} must be absolute"
-    for spec in allocation.devices:
+        if not isinstance(mount.read_only, bool):
+            return f"mount read_only must be a bool, got {mount.read_only!r}"
+    return None
+
+
+def _device_specs_problem(specs: object) -> str | None:
+    if not isinstance(specs, (list, tuple)) or not all(isinstance(d, DeviceSpec) for d in specs):
+        return f"devices must be a sequence of devicehost.DeviceSpec, got {specs!r:.200}"
+    for spec in specs:
         for path in (spec.container_path, spec.host_path):
             if not isinstance(path, str) or not path.startswith("/"):
                 return f"device path {path!r} must be absolute"
-        if not spec.permissions or set(spec.permissions) - set("rwm"):
+        if (
+            not isinstance(spec.permissions, str)
+            or not spec.permissions
+            or set(spec.permissions) - set("rwm")
+        ):
             return f"device permissions {spec.permissions!r} must be made of r, w and m"
-    for name in allocation.cdi_devices:
+    return None
+
+
+def _cdi_names_problem(names: object) -> str | None:
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        return f"cdi_devices must be a sequence of strings, got {names!r:.200}"
+    for name in names:
         problem = cdi_name_problem(name)
         if problem:
             return problem

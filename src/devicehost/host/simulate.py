@@ -9,20 +9,22 @@ allocation per resource, until interrupted.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
 from google.protobuf import json_format
 
-from devicehost.host.backends.backend import Backend
-from devicehost.host.config import HostConfig
-from devicehost.host.daemon import Host, install_signal_handlers
+from devicehost.host.app import run_host
 from devicehost.standin import AdmissionError, EventKind, KubeletStandIn
+
+if TYPE_CHECKING:
+    from devicehost.host.backends.backend import Backend
+    from devicehost.host.config import HostConfig
 
 log = structlog.get_logger("devicehost.simulate")
 
@@ -30,34 +32,42 @@ log = structlog.get_logger("devicehost.simulate")
 async def run_simulated(
     config: HostConfig,
     backends: Sequence[Backend],
-    reload_config: Callable[[], HostConfig] | None = None,
+    *,
     failed_backends: Mapping[str, str] | None = None,
+    reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
-) -> int:
-    """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM."""
+) -> None:
+    """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM.
+
+    :func:`devicehost.host.app.run_host` serves and owns the signals; this adds the stand-in in
+    front of it and a task that reports what the stand-in sees.
+    """
     workdir = Path(tempfile.mkdtemp(prefix="devicehost-sim-", dir="/tmp"))
     directory = workdir / "device-plugins"
-    config = config.model_copy(update={"device_plugins_dir": directory})
+    config = _keep_dir(config, directory)
+
+    def reload() -> HostConfig:
+        return _keep_dir(reload_config(), directory) if reload_config is not None else config
+
     kubelet = KubeletStandIn(directory)
-    await kubelet.start()
-    host = Host(
-        config,
-        backends,
-        lambda: _keep_dir(reload_config(), directory) if reload_config else config,
-        failed_backends,
-        config_file,
-    )
-    install_signal_handlers(host, lambda: os._exit(1))
-    log.info("simulated kubelet started; press Ctrl-C to stop", device_plugins_dir=str(directory))
-    show = asyncio.create_task(_show(kubelet))
     try:
-        await host.run()
+        await kubelet.start()
+        log.info("simulated kubelet started; press Ctrl-C to stop", device_plugins_dir=str(directory))
+        show = asyncio.create_task(_show(kubelet))
+        try:
+            await run_host(
+                config,
+                backends,
+                failed_backends=failed_backends,
+                reload_config=reload,
+                config_file=config_file,
+            )
+        finally:
+            show.cancel()
+            await asyncio.wait([show])
     finally:
-        show.cancel()
-        await asyncio.wait([show])
         await kubelet.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    return 0
 
 
 def _keep_dir(config: HostConfig, directory: Path) -> HostConfig:

@@ -26,6 +26,7 @@ from devicehost.hookspecs.types import Health, PreferredAllocationRequest, Resou
 from devicehost.host.backends.backend import hook_implementations
 from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.daemon import Host
+from devicehost.standin import AdmissionError, EventKind, KubeletStandIn, ResourceView
 from devicehost.testing.conformance_support import (
     HEALTH_TOGGLE,
     UNKNOWN_ID,
@@ -38,7 +39,6 @@ from devicehost.testing.conformance_support import (
     servable,
 )
 from devicehost.testing.host import BackendLoadError, load_named
-from devicehost.testing.kubelet import AdmissionError, EventKind, KubeletStandIn, ResourceView
 from devicehost.testing.plugin import StartHost
 
 WAIT = 5.0
@@ -47,7 +47,7 @@ HEALTH_POLL = 0.05
 
 @pytest.fixture
 def plugin(devicehost_backend_name: str) -> object:
-    """A fresh backend object, loaded from its entry point with stevedore."""
+    """A fresh backend object, loaded from its entry point by the host's own loader."""
     return load_plugin(devicehost_backend_name)
 
 

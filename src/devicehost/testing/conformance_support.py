@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import pluggy
 import pytest
-from stevedore import DriverManager
 
-from devicehost.hookspecs import ENTRY_POINT_GROUP, rules, spec
-from devicehost.hookspecs.types import Device, Health, Resource
+from devicehost.hookspecs import rules
+from devicehost.hookspecs.types import Health, Resource
+from devicehost.host.backends.backend import new_plugin_manager
+from devicehost.host.backends.loader import UnknownBackendError, load_backends
 
 RULES = {
     "entry-point": "the backend loads through its devicehost.backends entry point, as the host loads it",
@@ -48,6 +48,8 @@ object makes a device turn that health the way a real fault or recovery would (t
 notifier or its ``devicehost_health`` answer). Having it declares that health goes both ways."""
 
 UNKNOWN_ID = "devicehost-conformance-no-such-device"
+LOAD_HOOK_TIMEOUT = 5.0
+"""The hook timeout of the ``Backend`` the loader builds; unused, as the suite calls hooks directly."""
 THREAD_EXIT_WAIT = 2.0
 
 
@@ -56,24 +58,22 @@ def broken(rule: str, detail: str) -> NoReturn:
     raise pytest.fail.Exception(f"[{rule}] {RULES[rule]}: {detail}", pytrace=False) from None
 
 
-def load_plugin(name: str) -> object:
-    """The object behind entry point ``name`` via stevedore; classes instantiated with no arguments."""
-    failure: list[str] = []
+def load_plugin(name: str, hook_timeout: float = LOAD_HOOK_TIMEOUT) -> object:
+    """The backend object behind entry point ``name``, loaded by the host's own loader.
 
-    def on_failure(_manager: object, entry_point: Any, exc: BaseException) -> None:
-        failure.append(f"import of {entry_point.value} failed: {type(exc).__name__}: {exc}")
-
+    Classes are instantiated with no arguments, as the host does. Only a failure to import or
+    to instantiate breaks "entry-point" here: a backend object that the host then refuses for
+    the hook contract is still returned, so that the contract checks can name their own rules.
+    """
     try:
-        manager: DriverManager[Any] = DriverManager(
-            ENTRY_POINT_GROUP, name, on_load_failure_callback=on_failure
-        )
-    except Exception as exc:  # stevedore's NoMatches, or the load failure again
-        broken("entry-point", "; ".join(failure) or f"{type(exc).__name__}: {exc}")
-    plugin = manager.driver
-    try:
-        return plugin() if isinstance(plugin, type) else plugin
-    except Exception as exc:
-        broken("entry-point", f"{plugin!r}() raised {type(exc).__name__}: {exc}")
+        [status] = load_backends([name], (), hook_timeout)
+    except UnknownBackendError as exc:
+        broken("entry-point", str(exc))
+    if status.backend is not None:
+        status.backend.close()  # only the object is needed: its hooks are called in this thread
+    if status.plugin is None:
+        broken("entry-point", status.error or "the host's loader gave no backend object")
+    return status.plugin
 
 
 class DirectBackend:
@@ -82,10 +82,7 @@ class DirectBackend:
     def __init__(self, name: str, plugin: object) -> None:
         self.name = name
         self.plugin = plugin
-        self._pm = pluggy.PluginManager(spec.PROJECT_NAME)
-        self._pm.add_hookspecs(spec)
-        self._pm.register(plugin, name=name)
-        self._pm.check_pending()
+        self._pm = new_plugin_manager(name, plugin)
 
     @property
     def hook(self) -> Any:
@@ -97,17 +94,13 @@ class DirectBackend:
         return bool(getattr(self._pm.hook, hook).get_hookimpls())
 
     def discover(self) -> list[Resource]:
-        """One discovery, its shape checked."""
+        """One discovery, its shape checked with the host's own rule."""
         answer = self.hook.devicehost_discover()
         if answer is None:
             return []
-        if not isinstance(answer, (list, tuple)) or not all(isinstance(r, Resource) for r in answer):
-            broken("discovery-shape", f"returned {answer!r:.200}")
-        for resource in answer:
-            if not isinstance(resource.devices, (list, tuple)) or not all(
-                isinstance(d, Device) for d in resource.devices
-            ):
-                broken("discovery-shape", f"{resource.name}: devices {resource.devices!r:.200}")
+        problem = rules.discovery_problem(answer)
+        if problem:
+            broken("discovery-shape", problem)
         return list(answer)
 
 

@@ -6,7 +6,7 @@ through the host's own loader (stevedore over the ``devicehost.backends`` entry 
     async with KubeletStandIn(directory) as kubelet, running_host(directory, ["acme"]) as host:
         await kubelet.wait_for_resource("acme.com/widget", healthy=4)
 
-Nothing here imports pytest: the host may import :mod:`devicehost.testing` at run time.
+Nothing here imports pytest, so vendors can drive the host from any test runner.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from devicehost.host.app import running
 from devicehost.host.backends.backend import Backend
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import HostConfig
@@ -51,6 +52,9 @@ async def running_host(
 ) -> AsyncIterator[Host]:
     """The real :class:`Host` serving into ``device_plugins_dir`` until the block ends.
 
+    Everything ``devicehost run`` starts around the host is started too (the metrics and probe
+    endpoints when ``metrics_address`` is given), except the signal handlers.
+
     :param backends: plugin objects by backend name, or names of installed backends.
     :param config: any other :class:`HostConfig` field (``backends=`` holds the settings).
     """
@@ -59,13 +63,8 @@ async def running_host(
         loaded = [Backend(name, plugin, host_config.hook_timeout) for name, plugin in backends.items()]
     else:
         loaded = load_named(backends, host_config.hook_timeout)
-    host = Host(host_config, loaded)
-    task = asyncio.create_task(host.run(), name="devicehost test host")
-    try:
+    async with running(host_config, loaded) as host:
         yield host
-    finally:
-        host.request_stop()
-        await asyncio.wait_for(task, STOP_TIMEOUT)
 
 
 class HostProcess:

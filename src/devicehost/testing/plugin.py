@@ -29,8 +29,8 @@ import pytest_asyncio
 import yaml
 
 from devicehost.host.daemon import Host
+from devicehost.standin import KubeletStandIn
 from devicehost.testing.host import running_host
-from devicehost.testing.kubelet import KubeletStandIn
 
 BACKEND_OPTION = "devicehost_backend"
 SETTINGS_OPTION = "devicehost_settings"

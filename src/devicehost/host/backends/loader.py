@@ -31,17 +31,28 @@ class BackendStatus:
     backend: Backend | None = None
     error: str | None = None
     disabled: bool = False
+    plugin: object | None = None
+    """The backend object behind the entry point (also when the contract refused it)."""
 
 
 class UnknownBackendError(LookupError):
     """The allow-list names backends that are not installed."""
 
 
-def enabled_backend_names(enabled: Sequence[str], disabled: Sequence[str]) -> list[str]:
+def installed_backend_names() -> list[str]:
+    """The entry-point names of every installed backend, sorted."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def enabled_names(enabled: Sequence[str], disabled: Sequence[str], installed: Sequence[str]) -> list[str]:
     """The installed backends an allow-list (empty: all, by name) and a disable-list leave."""
-    installed = sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
-    names = [n for n in enabled if n in installed] if enabled else installed
+    names = [n for n in enabled if n in installed] if enabled else list(installed)
     return [n for n in names if n not in disabled]
+
+
+def enabled_backend_names(enabled: Sequence[str], disabled: Sequence[str]) -> list[str]:
+    """:func:`enabled_names` over the backends installed now."""
+    return enabled_names(enabled, disabled, installed_backend_names())
 
 
 def _distribution(entry_point: Any) -> tuple[str | None, str | None]:
@@ -57,17 +68,8 @@ def _distribution(entry_point: Any) -> tuple[str | None, str | None]:
         return names[0], None
 
 
-def _instantiate(name: str, plugin: object, hook_timeout: float) -> Backend:
-    """Classes are instantiated with no arguments; modules and objects are used as they are."""
-    obj = plugin() if isinstance(plugin, type) else plugin
-    return Backend(name, obj, hook_timeout)
-
-
-def load_backends(
-    enabled: Sequence[str], disabled: Sequence[str], hook_timeout: float
-) -> list[BackendStatus]:
-    """Load the allowed backends (all installed ones when ``enabled`` is empty), in a fixed order."""
-    failures: dict[str, str] = {}
+def _extensions(enabled: Sequence[str], names: Sequence[str], failures: dict[str, str]) -> dict[str, Any]:
+    """Import the backends through stevedore; import failures land in ``failures``."""
 
     def on_failure(_manager: object, entry_point: Any, exc: BaseException) -> None:
         failures[entry_point.name] = (
@@ -75,12 +77,6 @@ def load_backends(
             "the backend's package is broken: reinstall or upgrade it, or disable the backend"
         )
 
-    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    unknown = sorted(set(enabled) - set(entry_points))
-    if unknown:
-        installed = ", ".join(sorted(entry_points)) or "none"
-        raise UnknownBackendError(f"unknown backend(s): {', '.join(unknown)} (installed: {installed})")
-    names = [n for n in enabled if n not in disabled]
     # stevedore keeps one entry-point list per group for the life of the process; drop it so a
     # reload sees what importlib.metadata sees now (a backend installed since the first load).
     ExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)
@@ -95,30 +91,46 @@ def load_backends(
         )
     else:
         manager = ExtensionManager(ENTRY_POINT_GROUP, on_load_failure_callback=on_failure)
+    return {ext.name: ext.plugin for ext in manager}
 
-    order = names or sorted(entry_points)
-    loaded = {ext.name: ext for ext in manager}
+
+def _load_one(
+    name: str, target: Any, entry_point: Any, error: str | None, hook_timeout: float
+) -> BackendStatus:
+    """Instantiate one imported backend (classes with no arguments) and wrap it in a Backend."""
+    dist, version = _distribution(entry_point)
+    plugin = backend = None
+    if error is None:
+        try:
+            plugin = target() if isinstance(target, type) else target
+            backend = Backend(name, plugin, hook_timeout)
+        except BackendContractError as exc:
+            error = f"breaks the backend contract: {exc}; the backend's author must fix it"
+        except Exception as exc:
+            error = f"could not be created ({type(exc).__name__}: {exc}); the backend's author must fix it"
+    if error is not None:
+        log.error("backend failed to load", backend=name, distribution=dist, version=version, reason=error)
+    return BackendStatus(name, entry_point.value, dist, version, backend=backend, error=error, plugin=plugin)
+
+
+def load_backends(
+    enabled: Sequence[str], disabled: Sequence[str], hook_timeout: float
+) -> list[BackendStatus]:
+    """Load the allowed backends (all installed ones when ``enabled`` is empty), in a fixed order."""
+    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    unknown = sorted(set(enabled) - set(entry_points))
+    if unknown:
+        installed = ", ".join(sorted(entry_points)) or "none"
+        raise UnknownBackendError(f"unknown backend(s): {', '.join(unknown)} (installed: {installed})")
+    names = [n for n in enabled if n not in disabled]
+    failures: dict[str, str] = {}
+    targets = _extensions(enabled, names, failures)
     statuses: list[BackendStatus] = []
-    for name in order:
+    for name in names or sorted(entry_points):
         entry_point = entry_points[name]
-        dist, version = _distribution(entry_point)
         if name in disabled:
+            dist, version = _distribution(entry_point)
             statuses.append(BackendStatus(name, entry_point.value, dist, version, disabled=True))
             continue
-        error = failures.get(name)
-        backend = None
-        if error is None:
-            try:
-                backend = _instantiate(name, loaded[name].plugin, hook_timeout)
-            except BackendContractError as exc:
-                error = f"breaks the backend contract: {exc}; the backend's author must fix it"
-            except Exception as exc:
-                error = (
-                    f"could not be created ({type(exc).__name__}: {exc}); the backend's author must fix it"
-                )
-        if error is not None:
-            log.error(
-                "backend failed to load", backend=name, distribution=dist, version=version, reason=error
-            )
-        statuses.append(BackendStatus(name, entry_point.value, dist, version, backend=backend, error=error))
+        statuses.append(_load_one(name, targets.get(name), entry_point, failures.get(name), hook_timeout))
     return statuses

@@ -1,24 +1,160 @@
-"""Prometheus metrics (prefix ``devicehost_``), read from the host's state at scrape time.
+"""Prometheus metrics (prefix ``devicehost_``), read from the host's state snapshot at scrape time.
 
 Counters live as plain integers on the objects that count them (a resource's registrations, a
-servicer's updates and errors, a backend's hook failures); the collector turns them into
-metric families when scraped, so nothing on the hot path touches the metrics library except
-the allocation latency histogram.
+servicer's updates and errors, a backend's hook failures) and reach this module only through
+:class:`~devicehost.host.state.HostState`; the collector turns one snapshot into metric families
+when scraped, so nothing on the hot path touches the metrics library except the allocation
+latency histogram.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from devicehost.hookspecs.types import Health
+from devicehost.host.state import BackendState, HostState, ResourceState
 
-if TYPE_CHECKING:
-    from devicehost.host.daemon import Host
+T = TypeVar("T")
+
+Sample = tuple[tuple[str, ...], float]
+"""Extra label values (after the family's base labels) and the value of one sample."""
+
+_RESOURCE_LABELS = ("resource", "backend")
+_BACKEND_LABELS = ("backend",)
+
+
+@dataclass(frozen=True)
+class _Family(Generic[T]):
+    """One metric family: how to build it, and the samples one resource or backend adds to it."""
+
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily]
+    name: str
+    documentation: str
+    extra_labels: tuple[str, ...]
+    samples: Callable[[T], Iterable[Sample]]
+
+    def empty(self, base_labels: tuple[str, ...]) -> GaugeMetricFamily | CounterMetricFamily:
+        return self.kind(self.name, self.documentation, labels=[*base_labels, *self.extra_labels])
+
+
+def _by_key(counts: Iterable[tuple[str, int]]) -> list[Sample]:
+    return [((key,), count) for key, count in counts]
+
+
+_RESOURCE_FAMILIES: tuple[_Family[ResourceState], ...] = (
+    _Family(
+        GaugeMetricFamily,
+        "devicehost_devices",
+        "Devices advertised, by health",
+        ("health",),
+        lambda r: [((h.value,), r.devices.get(h.value, 0)) for h in Health],
+    ),
+    _Family(
+        GaugeMetricFamily,
+        "devicehost_resource_registered",
+        "1 when registered with the kubelet and streaming",
+        (),
+        lambda r: [((), 1 if r.registered else 0)],
+    ),
+    _Family(
+        GaugeMetricFamily,
+        "devicehost_listandwatch_streams",
+        "Open ListAndWatch streams",
+        (),
+        lambda r: [((), r.streams)],
+    ),
+    _Family(
+        CounterMetricFamily,
+        "devicehost_listandwatch_updates",
+        "Device lists sent on ListAndWatch streams",
+        (),
+        lambda r: [((), r.updates_sent)],
+    ),
+    _Family(
+        CounterMetricFamily,
+        "devicehost_registrations",
+        "Registrations with the kubelet, by reason",
+        ("reason",),
+        lambda r: _by_key(r.registrations.items()),
+    ),
+    _Family(
+        CounterMetricFamily,
+        "devicehost_allocations",
+        "Allocate calls answered",
+        (),
+        lambda r: [((), r.allocations)],
+    ),
+    _Family(
+        CounterMetricFamily,
+        "devicehost_errors",
+        "Calls from the kubelet answered with an error, by gRPC code",
+        ("code",),
+        lambda r: _by_key(r.errors.items()),
+    ),
+)
+
+_BACKEND_FAMILIES: tuple[_Family[BackendState], ...] = (
+    _Family(
+        GaugeMetricFamily,
+        "devicehost_backend_loaded",
+        "1 when the backend loaded and serves",
+        (),
+        lambda b: [((), 1 if b.loaded else 0)],
+    ),
+    _Family(
+        CounterMetricFamily,
+        "devicehost_hook_failures",
+        "Hook calls that raised, hung or answered wrongly",
+        ("hook",),
+        lambda b: _by_key(b.hook_failures.items()),
+    ),
+    _Family(
+        GaugeMetricFamily,
+        "devicehost_hooks_stuck",
+        "Hook calls running past the hook timeout",
+        (),
+        lambda b: [((), len(b.stuck_hooks))] if b.loaded else [],
+    ),
+)
+
+
+def _families(
+    table: tuple[_Family[T], ...], base_labels: tuple[str, ...], items: Iterable[tuple[tuple[str, ...], T]]
+) -> Iterator[Metric]:
+    """Every family of ``table``, with the samples of each (base label values, item) pair."""
+    items = list(items)
+    for family in table:
+        metric = family.empty(base_labels)
+        for labels, item in items:
+            for extra, value in family.samples(item):
+                metric.add_metric([*labels, *extra], value)
+        yield metric
+
+
+class _StateCollector(Collector):
+    """Turns one snapshot per scrape into the state's metric families."""
+
+    def __init__(self, snapshot: Callable[[], HostState]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples, so registering does not take a snapshot."""
+        yield from (family.empty(_RESOURCE_LABELS) for family in _RESOURCE_FAMILIES)
+        yield from (family.empty(_BACKEND_LABELS) for family in _BACKEND_FAMILIES)
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._snapshot()
+        resources = (((r.name, r.backend), r) for r in state.resources)
+        yield from _families(_RESOURCE_FAMILIES, _RESOURCE_LABELS, resources)
+        # Loaded backends first, then the ones that failed, each in the snapshot's order.
+        backends = sorted(state.backends, key=lambda b: not b.loaded)
+        yield from _families(_BACKEND_FAMILIES, _BACKEND_LABELS, (((b.name,), b) for b in backends))
 
 
 class HostMetrics:
@@ -34,86 +170,14 @@ class HostMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 10),
         )
 
-    def watch(self, host: Host) -> None:
-        """Report ``host``'s state on every scrape."""
-        self.registry.register(_StateCollector(host))
+    def watch(self, snapshot: Callable[[], HostState]) -> None:
+        """Report the state ``snapshot()`` returns on every scrape (it is not called before one)."""
+        self.registry.register(_StateCollector(snapshot))
+
+    def observer(self, resource: str) -> Callable[[float], None]:
+        """Where ``resource``'s Allocate latencies (in seconds) go."""
+        return self.allocation_seconds.labels(resource).observe
 
     def render(self) -> bytes:
+        """Every metric in the Prometheus text format."""
         return generate_latest(self.registry)
-
-
-class _StateCollector(Collector):
-    def __init__(self, host: Host) -> None:
-        self._host = host
-
-    def collect(self) -> Iterator[Metric]:
-        host = self._host
-        rlabels = ["resource", "backend"]
-        devices = GaugeMetricFamily(
-            "devicehost_devices", "Devices advertised, by health", labels=[*rlabels, "health"]
-        )
-        registered = GaugeMetricFamily(
-            "devicehost_resource_registered",
-            "1 when registered with the kubelet and streaming",
-            labels=rlabels,
-        )
-        streams = GaugeMetricFamily(
-            "devicehost_listandwatch_streams", "Open ListAndWatch streams", labels=rlabels
-        )
-        updates = CounterMetricFamily(
-            "devicehost_listandwatch_updates", "Device lists sent on ListAndWatch streams", labels=rlabels
-        )
-        registrations = CounterMetricFamily(
-            "devicehost_registrations",
-            "Registrations with the kubelet, by reason",
-            labels=[*rlabels, "reason"],
-        )
-        allocations = CounterMetricFamily("devicehost_allocations", "Allocate calls answered", labels=rlabels)
-        errors = CounterMetricFamily(
-            "devicehost_errors",
-            "Calls from the kubelet answered with an error, by gRPC code",
-            labels=[*rlabels, "code"],
-        )
-        for name, server in list(host.resources.items()):
-            labels = [name, server.backend.name]
-            table = server.table.devices
-            for health in Health:
-                devices.add_metric([*labels, health.value], sum(d.health is health for d in table))
-            registered.add_metric(labels, 1 if server.registered else 0)
-            streams.add_metric(labels, server.servicer.open_streams)
-            updates.add_metric(labels, server.servicer.updates_sent)
-            allocations.add_metric(labels, server.servicer.allocations)
-            for reason, count in server.registration_reasons.items():
-                registrations.add_metric([*labels, reason], count)
-            for code, count in server.servicer.errors.items():
-                errors.add_metric([*labels, code], count)
-        loaded = GaugeMetricFamily(
-            "devicehost_backend_loaded", "1 when the backend loaded and serves", labels=["backend"]
-        )
-        failures = CounterMetricFamily(
-            "devicehost_hook_failures",
-            "Hook calls that raised, hung or answered wrongly",
-            labels=["backend", "hook"],
-        )
-        stuck = GaugeMetricFamily(
-            "devicehost_hooks_stuck", "Hook calls running past the hook timeout", labels=["backend"]
-        )
-        for name, backend in list(host.backends.items()):
-            loaded.add_metric([name], 1)
-            stuck.add_metric([name], len(backend.stuck_hooks()))
-            for hook, count in backend.failures.items():
-                failures.add_metric([name, hook], count)
-        for name in host.failed_backends:
-            loaded.add_metric([name], 0)
-        yield from (
-            devices,
-            registered,
-            streams,
-            updates,
-            registrations,
-            allocations,
-            errors,
-            loaded,
-            failures,
-            stuck,
-        )

@@ -1,4 +1,8 @@
-"""The host's state for people and probes: what ``/status`` serves and ``devicehost status`` prints."""
+"""The host's state for people and probes: what ``/status`` serves and ``devicehost status`` prints.
+
+:func:`document` reads only a :class:`~devicehost.host.state.HostState`; :func:`print_status` reads
+only the document, fetched over HTTP from a running host.
+"""
 
 from __future__ import annotations
 
@@ -6,42 +10,37 @@ import json
 import sys
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from devicehost.host.daemon import Host
-
-
-def stuck_hooks(host: Host) -> dict[str, list[str]]:
-    """Hooks running past the hook timeout, by backend (only backends that have some)."""
-    return {name: hooks for name, backend in host.backends.items() if (hooks := backend.stuck_hooks())}
+from devicehost.host.state import HostState, ResourceState
 
 
-def host_status(host: Host) -> dict[str, Any]:
-    """A JSON-ready snapshot: backends, resources, kubelet, readiness and liveness."""
-    resources = {
-        name: {
-            "backend": server.backend.name,
-            "socket": str(server.path),
-            "registered": server.registered,
-            "streams": server.servicer.open_streams,
-            "devices": len(server.table.devices),
-            "healthy": server.table.healthy_count(),
-            "registrations": server.registrations,
-            "allocations": server.servicer.allocations,
-        }
-        for name, server in sorted(host.resources.items())
-    }
-    stuck = stuck_hooks(host)
+def _resource(state: ResourceState) -> dict[str, Any]:
     return {
-        "kubelet": {"socket": str(host.watcher.kubelet_socket), "present": host.watcher.inode is not None},
+        "backend": state.backend,
+        "socket": state.socket,
+        "registered": state.registered,
+        "streams": state.streams,
+        "devices": state.device_count,
+        "healthy": state.healthy,
+        "registrations": state.registration_count,
+        "allocations": state.allocations,
+    }
+
+
+def document(state: HostState) -> dict[str, Any]:
+    """The JSON-ready ``/status`` document: kubelet, backends, resources, readiness and liveness."""
+    loaded = [b for b in state.backends if b.loaded]
+    failed = [b for b in state.backends if not b.loaded]
+    return {
+        "kubelet": {"socket": state.kubelet.socket, "present": state.kubelet.present},
         "backends": {
-            **{name: {"status": "loaded", "stuck_hooks": stuck.get(name, [])} for name in host.backends},
-            **{name: {"status": "failed", "reason": reason} for name, reason in host.failed_backends.items()},
+            **{b.name: {"status": "loaded", "stuck_hooks": list(b.stuck_hooks)} for b in loaded},
+            **{b.name: {"status": "failed", "reason": b.reason} for b in failed},
         },
-        "resources": resources,
-        "ready": all(r["registered"] for r in resources.values()),
-        "live": not stuck,
+        "resources": {r.name: _resource(r) for r in sorted(state.resources, key=lambda r: r.name)},
+        "ready": state.ready,
+        "live": state.live,
     }
 
 

@@ -20,6 +20,7 @@ from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import PreferredAllocationRequest
 from devicehost.host.backends.backend import Backend, BackendBusy, HookError, HookTimeout
 from devicehost.host.serving import wire
+from devicehost.host.serving.streams import StreamSet
 from devicehost.host.serving.table import DeviceTable
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
@@ -31,17 +32,6 @@ MIN_PUSH_INTERVAL = 0.02
 """Seconds between two ListAndWatch messages on one stream: a flapping device costs the kubelet at
 most 50 updates a second, and the last state always goes out."""
 
-STREAM_END_WAIT = 1.0
-
-
-class _Stream:
-    """One open ListAndWatch stream, opened during registration ``epoch``."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.ending = False
-        self.done = asyncio.Event()
-
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     """Serves one resource of one backend."""
@@ -51,16 +41,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         backend: Backend,
         resource: str,
         table: DeviceTable,
-        on_stream_lost: Callable[[int], None],
+        streams: StreamSet,
         observe_allocation: Callable[[float], None],
     ) -> None:
         self.backend = backend
         self.resource = resource
         self.table = table
-        self._on_stream_lost = on_stream_lost
-        self.epoch = 0
-        """Bumped by the resource before each Register: streams opened since belong to it."""
-        self._streams: set[_Stream] = set()
+        self._streams = streams
         self._observe_allocation = observe_allocation
         self.updates_sent = 0
         self.allocations = 0
@@ -71,39 +58,18 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             get_preferred_allocation_available=backend.implements("devicehost_preferred_allocation"),
         )
 
-    @property
-    def open_streams(self) -> int:
-        return len(self._streams)
-
-    async def end_streams(self) -> None:
-        """End every open ListAndWatch stream and wait (briefly) until each has ended."""
-        streams = list(self._streams)
-        for stream in streams:
-            stream.ending = True
-        self.table.wake_all()
-        if streams:
-            await asyncio.wait(
-                [asyncio.ensure_future(s.done.wait()) for s in streams], timeout=STREAM_END_WAIT
-            )
-
     async def GetDevicePluginOptions(
-        self,
-        request: api_pb2.Empty,
-        context: Context,
+        self, request: api_pb2.Empty, context: Context
     ) -> api_pb2.DevicePluginOptions:
         return self.options
 
     async def ListAndWatch(
-        self,
-        request: api_pb2.Empty,
-        context: Context,
+        self, request: api_pb2.Empty, context: Context
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        stream = _Stream(self.epoch)
-        self._streams.add(stream)
-        log.info("ListAndWatch stream opened", streams=len(self._streams))
-        sent_version = -1
-        last_sent = 0.0
-        try:
+        with self._streams.open() as stream:
+            log.info("ListAndWatch stream opened", streams=self._streams.count)
+            sent_version = -1
+            last_sent = 0.0
             while not stream.ending:
                 if self.table.version != sent_version:
                     pause = last_sent + MIN_PUSH_INTERVAL - time.monotonic()
@@ -116,12 +82,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     yield self.table.message()
                     continue
                 await self.table.wait_for_change(sent_version)
-        finally:
-            self._streams.discard(stream)
-            stream.done.set()
-            if not stream.ending:
-                log.warning("ListAndWatch stream ended by the kubelet")
-                self._on_stream_lost(stream.epoch)
 
     async def Allocate(self, request: api_pb2.AllocateRequest, context: Context) -> api_pb2.AllocateResponse:
         started = time.perf_counter()
@@ -167,13 +127,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             must_include = tuple(dict.fromkeys(container.must_include_deviceIDs))
             size = container.allocation_size
             await self._check_known(context, (*available, *must_include))
-            if not set(must_include) <= set(available) or not len(must_include) <= size <= len(available):
-                await self._abort(
-                    context,
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"cannot pick {size} of {len(available)} available devices including {len(must_include)}"
-                    " must-include ones (which must all be available)",
-                )
+            problem = rules.preferred_request_problem(available, must_include, size)
+            if problem:
+                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
             ask = PreferredAllocationRequest(available, must_include, size)
             try:
                 answer = await self.backend.preferred_allocation(self.resource, ask)
@@ -200,26 +156,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
     async def _check_ids(self, context: Context, ids: Sequence[str]) -> None:
-        """A container's IDs: at least one, no repeats, all known."""
-        if not ids:
-            await self._abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "a container request names no device IDs"
-            )
-        if len(set(ids)) != len(ids):
-            await self._abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "a container request repeats a device ID"
-            )
-        await self._check_known(context, ids)
+        problem = ids_problem(ids) or unknown_problem(self.table, self.resource, ids)
+        if problem:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
 
     async def _check_known(self, context: Context, ids: Sequence[str]) -> None:
-        unknown = self.table.unknown(ids)
-        if unknown:
-            shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
-            await self._abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"unknown device IDs for {self.resource}: {shown}",
-            )
+        problem = unknown_problem(self.table, self.resource, ids)
+        if problem:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
 
     async def _abort_answer(self, context: Context, hook: str, problem: str) -> NoReturn:
         error = self.backend.refuse(hook, problem)
@@ -232,12 +176,33 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
     async def _abort_hook(self, context: Context, exc: HookError) -> NoReturn:
-        """Answer a failed hook with the status that says what happened."""
-        if isinstance(exc, HookTimeout):
-            code = grpc.StatusCode.DEADLINE_EXCEEDED
-        elif isinstance(exc, BackendBusy):
-            code = grpc.StatusCode.UNAVAILABLE
-        else:
-            code = grpc.StatusCode.UNKNOWN
+        code = hook_status(exc)
         log.error("hook failed", hook=exc.hook, error=str(exc), code=code.name)
         await self._abort(context, code, str(exc))
+
+
+def ids_problem(ids: Sequence[str]) -> str | None:
+    """A container's device IDs: at least one, no repeats."""
+    if not ids:
+        return "a container request names no device IDs"
+    if len(set(ids)) != len(ids):
+        return "a container request repeats a device ID"
+    return None
+
+
+def unknown_problem(table: DeviceTable, resource: str, ids: Sequence[str]) -> str | None:
+    """The IDs that are not devices of the resource, named (the first ten)."""
+    unknown = table.unknown(ids)
+    if not unknown:
+        return None
+    shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+    return f"unknown device IDs for {resource}: {shown}"
+
+
+def hook_status(exc: HookError) -> grpc.StatusCode:
+    """The status that says what happened to a hook: hung, no thread free, or raised/answered wrongly."""
+    if isinstance(exc, HookTimeout):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, BackendBusy):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.UNKNOWN

@@ -1,0 +1,150 @@
+"""The composition root: builds a host and everything around it, and owns the process lifecycle.
+
+:func:`running` starts, in order, the ``kubelet.sock`` watch, the Register client, the metrics
+and probe endpoints, the config file watch and the host's loop, and tears them down in reverse
+in one place. :func:`run_host` adds the signals: SIGTERM and SIGINT stop the host (a second one
+exits at once), SIGHUP reloads. ``devicehost run`` and ``run --simulate-kubelet`` both call it;
+the test kit and the benchmarks use :func:`running`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from devicehost import cdi
+from devicehost.host.backends.backend import Backend
+from devicehost.host.backends.backend_set import BackendSet
+from devicehost.host.config import HostConfig
+from devicehost.host.config_watch import watch_config_file
+from devicehost.host.daemon import Host
+from devicehost.host.kubelet.client import KubeletClient
+from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
+from devicehost.host.ops.metrics import HostMetrics
+from devicehost.host.serving.mode import for_mode
+from devicehost.host.sockets import remove_stale
+
+log = structlog.get_logger(__name__)
+
+HELPER_STOP_TIMEOUT = 2.0
+"""Seconds teardown waits for a helper task after cancelling it; it never hangs on one."""
+EXIT_FORCED = 1
+
+
+@contextlib.asynccontextmanager
+async def running(
+    config: HostConfig,
+    backends: Sequence[Backend],
+    *,
+    failed_backends: Mapping[str, str] | None = None,
+    reload_config: Callable[[], HostConfig] | None = None,
+    config_file: Path | None = None,
+) -> AsyncIterator[Host]:
+    """A host serving ``backends`` with everything around it, until the block ends."""
+    _remove_stale_sockets(config)
+    cdi.set_default_dir(config.cdi_dir)
+    watch = KubeletSocketWatch(config.device_plugins_dir)
+    async with contextlib.AsyncExitStack() as stack:
+        client = KubeletClient(watch, config.register_timeout)
+        stack.push_async_callback(client.close)
+        registration = for_mode(
+            config.registration_mode, config.device_plugins_dir, config.plugins_registry_dir, watch, client
+        )
+        metrics = HostMetrics()
+        host = Host(
+            config,
+            BackendSet(backends, failed_backends),
+            registration,
+            observe_allocation=metrics.observer,
+            reload_config=reload_config,
+        )
+        metrics.watch(host.snapshot)
+        if config.metrics_address:
+            await _serve_probes(stack, host, metrics, config.metrics_address)
+        await stack.enter_async_context(_helper(watch.run(), "kubelet socket watch"))
+        if config_file is not None and reload_config is not None:
+            follow = watch_config_file(config_file, host.request_reload)
+            await stack.enter_async_context(_helper(follow, "config file watch"))
+        loop = asyncio.create_task(host.run(), name="devicehost host")
+        try:
+            yield host
+        finally:
+            host.request_stop()
+            await loop
+
+
+async def run_host(
+    config: HostConfig,
+    backends: Sequence[Backend],
+    *,
+    failed_backends: Mapping[str, str] | None = None,
+    reload_config: Callable[[], HostConfig] | None = None,
+    config_file: Path | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (a second signal exits at once with status 1); SIGHUP reloads.
+
+    Returns after every resource is withdrawn and every helper stopped.
+    """
+    async with running(
+        config,
+        backends,
+        failed_backends=failed_backends,
+        reload_config=reload_config,
+        config_file=config_file,
+    ) as host:
+        install_signal_handlers(host, lambda: os._exit(EXIT_FORCED))
+        await host.stopping.wait()
+
+
+def install_signal_handlers(host: Host, on_forced_exit: Callable[[], None]) -> None:
+    """SIGTERM/SIGINT stop the host (a second one forces the exit); SIGHUP reloads."""
+    loop = asyncio.get_running_loop()
+
+    def on_stop(sig: signal.Signals) -> None:
+        if host.stopping.is_set():
+            log.error("second signal, exiting without cleaning up", signal=sig.name)
+            on_forced_exit()
+        log.info("stopping", signal=sig.name)
+        host.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop, sig)
+    loop.add_signal_handler(signal.SIGHUP, host.request_reload)
+
+
+def _remove_stale_sockets(config: HostConfig) -> None:
+    removed = remove_stale(config.device_plugins_dir)
+    if config.plugins_registry_dir.is_dir():
+        removed += remove_stale(config.plugins_registry_dir)
+    if removed:
+        log.info("removed stale sockets of an earlier host", sockets=removed)
+
+
+async def _serve_probes(
+    stack: contextlib.AsyncExitStack, host: Host, metrics: HostMetrics, address: str
+) -> None:
+    """Serve /metrics, /healthz, /readyz and /status (aiohttp is imported only when asked for)."""
+    from devicehost.host.ops.probes import ProbeServer
+
+    probes = ProbeServer(host.snapshot, metrics, address)
+    await probes.start()
+    stack.push_async_callback(probes.stop)
+    log.info("serving metrics and probes", address=address)
+
+
+@contextlib.asynccontextmanager
+async def _helper(work: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """Run ``work`` as a task for the life of the block; cancel it at the end, waiting briefly."""
+    task = asyncio.create_task(work, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.wait([task], timeout=HELPER_STOP_TIMEOUT)  # never swallows our own cancel

@@ -1,0 +1,110 @@
+"""The backends one host runs: loaded and configured ones, and the failed ones with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from devicehost.hookspecs.types import Resource
+from devicehost.host.backends.backend import Backend, HookError
+from devicehost.host.backends.loader import load_backends
+from devicehost.host.state import BackendState
+
+log = structlog.get_logger(__name__)
+
+Settings = Mapping[str, Mapping[str, Any]]
+"""Per-backend settings, by backend name (the config's ``backends`` key)."""
+
+
+class BackendSet:
+    """Backends by name; one whose settings are refused moves to :attr:`failed`."""
+
+    def __init__(self, loaded: Sequence[Backend], failed: Mapping[str, str] | None = None) -> None:
+        self.loaded = {b.name: b for b in loaded}
+        self.failed: dict[str, str] = dict(failed or {})
+        """Backends that did not load or whose settings were refused, with the reason."""
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(list(self.loaded.values()))
+
+    async def configure_all(self, settings: Settings) -> None:
+        """Hand every backend its settings; drop those that refuse them."""
+        for backend in list(self):
+            if not await self._configure(backend, settings.get(backend.name, {})):
+                del self.loaded[backend.name]
+                backend.close()
+
+    async def discover_all(self) -> list[tuple[Backend, Sequence[Resource] | None]]:
+        """One discovery of every backend, at once; None for a backend whose discovery failed."""
+        backends = list(self)
+        answers = await asyncio.gather(*(self._discover(b) for b in backends))
+        return list(zip(backends, answers, strict=True))
+
+    async def reconfigure(self, name: str, settings: Mapping[str, Any]) -> None:
+        """New settings for a loaded backend; one that refuses them keeps its previous ones."""
+        try:
+            await self.loaded[name].configure(settings)
+        except HookError as exc:
+            log.error(
+                "new settings refused, the backend keeps its previous ones", backend=name, error=str(exc)
+            )
+
+    async def load(self, names: Sequence[str], settings: Settings, hook_timeout: float) -> None:
+        """Load and configure more backends (in a thread: imports can be slow)."""
+        for status in await asyncio.to_thread(load_backends, names, [], hook_timeout):
+            if status.backend is None:
+                self.failed[status.name] = status.error or "failed to load"
+                continue
+            self.failed.pop(status.name, None)
+            if await self._configure(status.backend, settings.get(status.name, {})):
+                self.loaded[status.name] = status.backend
+                log.info("backend enabled", backend=status.name)
+            else:
+                status.backend.close()
+
+    async def disable(self, name: str, withdraw: Callable[[Backend], Awaitable[None]]) -> None:
+        """Take out a backend that is no longer enabled, ``withdraw`` its resources, and close it."""
+        backend = self.loaded.pop(name)
+        await withdraw(backend)
+        backend.close()
+        log.info("backend disabled", backend=name)
+
+    def set_hook_timeout(self, seconds: float) -> None:
+        for backend in self:
+            backend.hook_timeout = seconds
+
+    def close(self) -> None:
+        for backend in self:
+            backend.close()
+
+    def states(self) -> tuple[BackendState, ...]:
+        loaded = tuple(
+            BackendState(b.name, True, stuck_hooks=tuple(b.stuck_hooks()), hook_failures=dict(b.failures))
+            for b in self
+        )
+        return loaded + tuple(BackendState(name, False, reason) for name, reason in self.failed.items())
+
+    async def _discover(self, backend: Backend) -> Sequence[Resource] | None:
+        try:
+            return await backend.discover()
+        except HookError as exc:
+            log.error(
+                "discovery failed, keeping this backend's resources as they are",
+                backend=backend.name,
+                error=str(exc),
+            )
+            return None
+
+    async def _configure(self, backend: Backend, settings: Mapping[str, Any]) -> bool:
+        if not backend.implements("devicehost_configure"):
+            return True
+        try:
+            await backend.configure(settings)
+        except HookError as exc:
+            log.error("backend settings refused", backend=backend.name, error=str(exc))
+            self.failed[backend.name] = f"settings refused: {exc}"
+            return False
+        return True

@@ -1,0 +1,59 @@
+"""The ``devicehost`` command: ``run`` the daemon, list ``backends``, check ``config``, ask ``status``.
+
+One module per command (``cmd_*.py``), each declaring its parser and its handler with
+``set_handler``; :func:`main` only parses, builds the configuration and dispatches. Heavy imports
+(grpc, the generated code, the daemon) happen inside the handlers, so ``--help`` is quick and
+``run`` reaches its first registration as early as it can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from devicehost.host.cli import cmd_backends, cmd_config, cmd_run, cmd_status
+from devicehost.host.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed
+
+if TYPE_CHECKING:
+    from devicehost.host.cli.common import Commands, ConfigLoader, Handler
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+
+COMMANDS: tuple[Callable[[Commands], None], ...] = (
+    cmd_run.add_parser,
+    cmd_backends.add_parser,
+    cmd_config.add_parser,
+    cmd_status.add_parser,
+)
+"""Each command's parser, in the order ``--help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="devicehost", description="One host process for Kubernetes device plugins."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_parser in COMMANDS:
+        add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, build the configuration, run the command; its exit status (2 for usage errors)."""
+    args = build_parser().parse_args(argv)
+    from devicehost.host.config import ConfigError
+
+    load_config: ConfigLoader = args.load_config
+    handler: Handler = args.handler
+    try:
+        config = load_config(args)
+    except ConfigError as exc:
+        print(f"devicehost: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return handler(args, config)
+    except CommandFailed as exc:
+        print(f"devicehost: {exc.message}", file=sys.stderr)
+        return exc.exit_code

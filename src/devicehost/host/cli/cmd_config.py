@@ -1,0 +1,45 @@
+"""``devicehost config check FILE`` and ``devicehost config show``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from devicehost.host.cli.common import EXIT_OK, add_config_options, set_handler
+
+if TYPE_CHECKING:
+    from devicehost.host.cli.common import Commands
+    from devicehost.host.config import HostConfig
+
+
+def add_parser(commands: Commands) -> None:
+    config = commands.add_parser("config", help="validate a config file or show the effective configuration")
+    actions = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="validate FILE without starting anything")
+    check.add_argument("file", type=Path, metavar="FILE")
+    set_handler(check, check_command, load_config=config_from_file_only)
+    show = actions.add_parser("show", help="print the configuration flags, env and file add up to")
+    add_config_options(show)
+    set_handler(show, show_command)
+
+
+def config_from_file_only(args: argparse.Namespace) -> HostConfig:
+    """FILE alone over the defaults: what it says, whatever this shell's environment holds."""
+    from devicehost.host.config import build_config
+
+    return build_config(Path(args.file), environ={})
+
+
+def check_command(args: argparse.Namespace, config: HostConfig) -> int:
+    """FILE was valid (``main`` reports an invalid one before any handler runs)."""
+    print(f"{args.file}: valid")
+    return EXIT_OK
+
+
+def show_command(args: argparse.Namespace, config: HostConfig) -> int:
+    """The effective configuration as YAML, in the model's key order."""
+    import yaml
+
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+    return EXIT_OK

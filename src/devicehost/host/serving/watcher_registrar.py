@@ -1,0 +1,122 @@
+"""Registration through the kubelet's plugin watcher: a socket in ``plugins_registry``.
+
+The resource's socket itself lives in ``plugins_registry`` and serves
+``pluginregistration.Registration`` next to DevicePlugin. The kubelet's plugin watcher finds it,
+registers it and reports the outcome; the registrar only serves the socket again when the
+kubelet lost it (the socket was removed, the stream dropped, or the registration was refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
+from devicehost.host.serving.registration import (
+    BACKOFF_INITIAL,
+    BACKOFF_MAX,
+    Endpoint,
+    RegistrationStats,
+    SocketWatch,
+)
+from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+
+REREGISTER_WAIT = 1.0
+"""Seconds a resource waits, after its stream drops, for the kubelet to register it again by
+itself (a restarted kubelet walks plugins_registry) before it serves a new socket."""
+
+
+@dataclass
+class PluginWatcherRegistration:
+    """Every resource serves its socket in ``plugins_registry`` for the kubelet to find."""
+
+    directory: Path
+    watch: SocketWatch
+
+    def registrar(self, endpoint: Endpoint) -> PluginWatcherRegistrar:
+        return PluginWatcherRegistrar(endpoint, self.watch)
+
+
+class PluginWatcherRegistrar:
+    """Serves one resource's socket again whenever the kubelet's plugin watcher lost it."""
+
+    def __init__(self, endpoint: Endpoint, watch: SocketWatch) -> None:
+        self.stats = RegistrationStats()
+        self._endpoint = endpoint
+        self._watch = watch
+        self._status: tuple[bool, str] | None = None
+        """The kubelet's last NotifyRegistrationStatus for the socket served now."""
+        self._served_at = 0.0
+        self._stream_lost = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def registered(self) -> bool:
+        return self._status is not None and self._status[0] and self._endpoint.streams.count > 0
+
+    def prepare(self, server: grpc.aio.Server) -> None:
+        """Serve ``Registration`` on the resource's socket, for the kubelet's plugin watcher."""
+        endpoint = self._endpoint
+        registration = PluginRegistrationServicer(
+            endpoint.name, lambda: str(endpoint.socket.path), self._on_status
+        )
+        registration_grpc.add_RegistrationServicer_to_server(registration, server)
+        self._status = None
+        self._served_at = time.monotonic()
+
+    def start(self) -> None:
+        self._watch.subscribe(self._on_dir_change)
+        self._task = asyncio.create_task(self._supervise(), name=f"register {self._endpoint.name}")
+
+    async def stop(self) -> None:
+        self._watch.unsubscribe(self._on_dir_change)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def stream_lost(self, epoch: int) -> None:
+        if epoch == self._endpoint.streams.epoch:
+            self._stream_lost = True
+            self._wake.set()
+
+    def _on_dir_change(self) -> None:
+        if self._endpoint.socket.gone():
+            self._wake.set()
+
+    def _on_status(self, registered: bool, error: str) -> None:
+        """The kubelet's plugin watcher reports the outcome of registering this socket."""
+        self._status = (registered, error)
+        if registered:
+            self.stats.record("plugin watcher", time.monotonic() - self._served_at)
+            self._endpoint.log.info("registered through the plugin watcher", registrations=self.stats.count)
+        else:
+            self._endpoint.log.error("the kubelet refused the registration", error=error)
+            self._wake.set()
+
+    async def _supervise(self) -> None:
+        delay = BACKOFF_INITIAL
+        while True:
+            self._wake.clear()
+            refused = self._status is not None and not self._status[0]
+            if not self._endpoint.socket.gone() and not self._stream_lost and not refused:
+                await self._wake.wait()
+                continue
+            if self._stream_lost and not refused:
+                # a restarted kubelet registers the sockets it finds: give it the chance first
+                await asyncio.sleep(REREGISTER_WAIT)
+                self._stream_lost = False
+                if self._endpoint.streams.count and not self._endpoint.socket.gone():
+                    continue
+            if refused:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX)
+            else:
+                delay = BACKOFF_INITIAL
+            self._endpoint.log.info("serving the plugin watcher socket again")
+            self._stream_lost = False
+            await self._endpoint.serve_again()
