@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -483,29 +482,10 @@ def test_entry_point_loads_and_hooks_match_the_spec(tmp_path: Path) -> None:
     assert allocation.devices == [DeviceSpec("/dev/fuse", "/dev/fuse", "rw")]
 
 
-class RecordingNotifier:
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def set_health(self, health: Mapping[str, Health]) -> None:
-        self.calls.append("set_health")
-
-    def set_devices(self, devices: Sequence[Device]) -> None:
-        self.calls.append("set_devices")
-
-    def rediscover(self) -> None:
-        self.calls.append("rediscover")
-
-
-def test_start_and_stop_are_idempotent(tmp_path: Path) -> None:
-    touch(tmp_path, "/dev/fuse")
+def test_no_start_or_stop_hook_changes_are_found_by_scanning(tmp_path: Path) -> None:
     backend = backend_for(tmp_path, one_group("example.com/fuse", paths=[{"path": "/dev/fuse"}]))
-    before = backend.devicehost_discover()
-    notifier = RecordingNotifier()
-    for _ in range(2):
-        backend.devicehost_start("example.com/fuse", notifier)
-    for _ in range(2):
-        backend.devicehost_stop("example.com/fuse")
-    assert backend.devicehost_discover() == before
-    assert backend.devicehost_allocate("example.com/fuse", ("fuse",)).devices
-    assert notifier.calls == []
+    assert not hasattr(backend, "devicehost_start")
+    assert not hasattr(backend, "devicehost_stop")
+    assert backend.devicehost_discover()[0].devices == ()
+    touch(tmp_path, "/dev/fuse")
+    assert [d.id for d in backend.devicehost_discover()[0].devices] == ["fuse"]

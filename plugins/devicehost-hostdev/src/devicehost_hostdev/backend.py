@@ -58,14 +58,6 @@ class HostdevBackend:
         return {device.id: _health(found.get(device.id)) for device in devices}
 
     @devicehost.hookimpl
-    def devicehost_start(self, resource: str, notifier: devicehost.ResourceNotifier) -> None:
-        """Nothing to prepare or keep: changes are found by scanning, not pushed."""
-
-    @devicehost.hookimpl
-    def devicehost_stop(self, resource: str) -> None:
-        """Nothing to release."""
-
-    @devicehost.hookimpl
     def devicehost_allocate(self, resource: str, device_ids: tuple[str, ...]) -> ContainerAllocation:
         found = self._scan(resource)
         unknown = [device_id for device_id in device_ids if device_id not in found]

@@ -49,11 +49,11 @@ def print_status(address: str) -> int:
     if not address:
         print("devicehost: no address: pass --address HOST:PORT or set metrics_address", file=sys.stderr)
         return 2
-    host, _, port = address.rpartition(":")
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1"
+    hostname, _, port = address.rpartition(":")
+    if hostname in ("", "0.0.0.0", "::"):
+        hostname = "127.0.0.1"
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=5) as reply:
+        with urllib.request.urlopen(f"http://{hostname}:{port}/status", timeout=5) as reply:
             state = json.load(reply)
     except (OSError, urllib.error.URLError) as exc:
         print(f"devicehost: no host answers at {address}: {exc}", file=sys.stderr)
