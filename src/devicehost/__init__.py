@@ -9,6 +9,8 @@ Backends import the contract from here::
         return [devicehost.Resource("example.com/widget", (devicehost.Device("w0"),))]
 """
 
+import importlib.metadata
+
 from devicehost.hookspecs import (
     ContainerAllocation,
     Device,
@@ -21,7 +23,8 @@ from devicehost.hookspecs import (
     hookimpl,
 )
 
-__version__ = "0.1.0"
+__version__ = importlib.metadata.version("devicehost")
+"""The installed distribution's version (setup.cfg is the one source)."""
 
 __all__ = [
     "ContainerAllocation",

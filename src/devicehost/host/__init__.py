@@ -1,5 +1,10 @@
-"""The daemon: loads backends, serves each resource on its own socket, keeps it registered.
+"""The daemon. Nothing under ``devicehost.host`` is API: backends import :mod:`devicehost`,
+:mod:`devicehost.cdi` and :mod:`devicehost.testing` only.
 
-Start at :mod:`devicehost.host.daemon` (the Host) and :mod:`devicehost.host.resource` (one
-resource's socket, server and re-register loop); :mod:`devicehost.host.cli` is the command line.
+docs/architecture.md maps the rooms: :mod:`~devicehost.host.cli` (the command line),
+:mod:`~devicehost.host.app` (the process: signals, probes, watches, teardown),
+:mod:`~devicehost.host.daemon` (the Host: backends, resources, discovery rounds, reloads),
+``serving/`` (one resource: socket, servicer, streams, registrar), ``kubelet/`` (kubelet.sock
+and Register), ``backends/`` (loading and calling backends), ``ops/`` (metrics, probes,
+status) and :mod:`~devicehost.host.state` (the snapshots they read).
 """
