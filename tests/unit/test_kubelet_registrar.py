@@ -29,7 +29,7 @@ from servingfakes import (
     settle,
 )
 
-from devicehost.host.serving import kubelet_registrar
+from devicehost.host.serving import kubelet_registrar, registration
 from devicehost.host.serving.kubelet_registrar import KubeletRegistrar, KubeletRegistration
 from devicehost.host.serving.registration import BACKOFF_INITIAL, RegistrationStats
 from devicehost.host.serving.socket import ServedSocket
@@ -401,7 +401,7 @@ async def test_stop_before_start_is_harmless(registrar: KubeletRegistrar, watch:
 async def test_a_failure_in_the_loop_is_logged_and_the_loop_starts_again(
     registrar: KubeletRegistrar, endpoint: FakeEndpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kubelet_registrar, "BACKOFF_MAX", 0.01)
+    monkeypatch.setattr(registration, "RESTART_DELAY", 0.01)
     endpoint.socket.is_gone = True
     failures = [RuntimeError("bind failed")]
 

@@ -26,28 +26,9 @@ import structlog
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 from devicehost.standin.connection import ConnectError
 from devicehost.standin.device_manager import DeviceManager
-from devicehost.standin.model import (
-    AdmissionError,
-    AllocationResult,
-    DeviceView,
-    Event,
-    EventKind,
-    ListRecord,
-    ResourceView,
-)
+from devicehost.standin.model import EventKind
 from devicehost.standin.plugin_watcher import PluginWatcher
 from devicehost.standin.registration import KubeletSocket, register_problem
-
-__all__ = [
-    "AdmissionError",
-    "AllocationResult",
-    "DeviceView",
-    "Event",
-    "EventKind",
-    "KubeletStandIn",
-    "ListRecord",
-    "ResourceView",
-]
 
 DEPRECATION = "DEPRECATION"
 

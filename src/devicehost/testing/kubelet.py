@@ -4,24 +4,5 @@ Kept so that tests written against ``devicehost.testing.kubelet`` keep working; 
 from :mod:`devicehost.testing` or :mod:`devicehost.standin`.
 """
 
-from devicehost.standin import (
-    AdmissionError,
-    AllocationResult,
-    DeviceView,
-    Event,
-    EventKind,
-    KubeletStandIn,
-    ListRecord,
-    ResourceView,
-)
-
-__all__ = [
-    "AdmissionError",
-    "AllocationResult",
-    "DeviceView",
-    "Event",
-    "EventKind",
-    "KubeletStandIn",
-    "ListRecord",
-    "ResourceView",
-]
+from devicehost.standin import *  # noqa: F403
+from devicehost.standin import __all__ as __all__

@@ -22,7 +22,7 @@ from devicehost.host.serving.registration import (
     BACKOFF_MAX,
     Endpoint,
     RegisterClient,
-    RegistrationStats,
+    RegistrarLoop,
     SocketWatch,
 )
 
@@ -39,19 +39,13 @@ class KubeletRegistration:
         return KubeletRegistrar(endpoint, self.watch, self.client)
 
 
-class KubeletRegistrar:
+class KubeletRegistrar(RegistrarLoop):
     """Registers one resource again after every kubelet restart, socket loss or stream loss."""
 
     def __init__(self, endpoint: Endpoint, watch: SocketWatch, client: RegisterClient) -> None:
-        self.stats = RegistrationStats()
-        self._endpoint = endpoint
-        self._watch = watch
+        super().__init__(endpoint, watch)
         self._client = client
         self._registered_generation: int | None = None
-        self._stream_lost = False
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
 
     @property
     def registered(self) -> bool:
@@ -64,42 +58,11 @@ class KubeletRegistrar:
     def prepare(self, server: grpc.aio.Server) -> None:
         """Nothing to add: the kubelet dials the DevicePlugin service it is told about."""
 
-    def start(self) -> None:
-        self._watch.subscribe(self._on_dir_change)
-        self._task = asyncio.create_task(self._supervise(), name=f"register {self._endpoint.name}")
-        self._task.add_done_callback(self._ended)
-
-    async def stop(self) -> None:
-        self._stopping = True
-        self._watch.unsubscribe(self._on_dir_change)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    def stream_lost(self, epoch: int) -> None:
-        if epoch == self._endpoint.streams.epoch:
-            self._stream_lost = True
-            self._wake.set()
-
     def _on_dir_change(self) -> None:
         if self._endpoint.socket.gone() or self._watch.generation != self._registered_generation:
             self._wake.set()
 
-    async def _supervise(self) -> None:
-        """The re-register loop; runs until the resource is withdrawn, whatever goes wrong in it."""
-        while True:
-            try:
-                await self._register_forever()
-            except Exception:
-                self._endpoint.log.exception("the re-register loop failed; starting it again")
-                await asyncio.sleep(BACKOFF_MAX)
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        if not self._stopping:
-            how = "cancelled" if task.cancelled() else repr(task.exception())
-            self._endpoint.log.error("the re-register loop ended unexpectedly", how=how)
-
-    async def _register_forever(self) -> None:
+    async def _run(self) -> None:
         log = self._endpoint.log
         delay = BACKOFF_INITIAL
         reason = "start"

@@ -10,6 +10,8 @@ so tests drive it with fakes of all three.
 
 from __future__ import annotations
 
+import abc
+import asyncio
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 
 BACKOFF_INITIAL = 0.05
 BACKOFF_MAX = 5.0
+RESTART_DELAY = 5.0
+"""Seconds before a registrar's loop that failed with an unexpected error starts again."""
 
 
 class SocketWatch(Protocol):
@@ -105,3 +109,56 @@ class Registration(Protocol):
     watch: SocketWatch
 
     def registrar(self, endpoint: Endpoint) -> Registrar: ...
+
+
+class RegistrarLoop(abc.ABC):
+    """What both registrars share: a loop task from ``start()`` to ``stop()``, woken by changes
+    in the device-plugins dir and by the loss of a stream of the current registration epoch."""
+
+    def __init__(self, endpoint: Endpoint, watch: SocketWatch) -> None:
+        self.stats = RegistrationStats()
+        self._endpoint = endpoint
+        self._watch = watch
+        self._wake = asyncio.Event()
+        self._stream_lost = False
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._watch.subscribe(self._on_dir_change)
+        self._task = asyncio.create_task(self._supervise(), name=f"register {self._endpoint.name}")
+        self._task.add_done_callback(self._ended)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._watch.unsubscribe(self._on_dir_change)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def stream_lost(self, epoch: int) -> None:
+        if epoch == self._endpoint.streams.epoch:
+            self._stream_lost = True
+            self._wake.set()
+
+    @abc.abstractmethod
+    def _on_dir_change(self) -> None:
+        """A file in the device-plugins dir changed: wake the loop if that concerns it."""
+
+    @abc.abstractmethod
+    async def _run(self) -> None:
+        """The loop itself; runs until cancelled."""
+
+    async def _supervise(self) -> None:
+        """Run the loop until the resource is withdrawn, whatever goes wrong in it."""
+        while True:
+            try:
+                await self._run()
+            except Exception:
+                self._endpoint.log.exception("the re-register loop failed; starting it again")
+                await asyncio.sleep(RESTART_DELAY)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not self._stopping:
+            how = "cancelled" if task.cancelled() else repr(task.exception())
+            self._endpoint.log.error("the re-register loop ended unexpectedly", how=how)

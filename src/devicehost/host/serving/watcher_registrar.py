@@ -20,7 +20,7 @@ from devicehost.host.serving.registration import (
     BACKOFF_INITIAL,
     BACKOFF_MAX,
     Endpoint,
-    RegistrationStats,
+    RegistrarLoop,
     SocketWatch,
 )
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
@@ -41,19 +41,14 @@ class PluginWatcherRegistration:
         return PluginWatcherRegistrar(endpoint, self.watch)
 
 
-class PluginWatcherRegistrar:
+class PluginWatcherRegistrar(RegistrarLoop):
     """Serves one resource's socket again whenever the kubelet's plugin watcher lost it."""
 
     def __init__(self, endpoint: Endpoint, watch: SocketWatch) -> None:
-        self.stats = RegistrationStats()
-        self._endpoint = endpoint
-        self._watch = watch
+        super().__init__(endpoint, watch)
         self._status: tuple[bool, str] | None = None
         """The kubelet's last NotifyRegistrationStatus for the socket served now."""
         self._served_at = 0.0
-        self._stream_lost = False
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def registered(self) -> bool:
@@ -69,21 +64,6 @@ class PluginWatcherRegistrar:
         self._status = None
         self._served_at = time.monotonic()
 
-    def start(self) -> None:
-        self._watch.subscribe(self._on_dir_change)
-        self._task = asyncio.create_task(self._supervise(), name=f"register {self._endpoint.name}")
-
-    async def stop(self) -> None:
-        self._watch.unsubscribe(self._on_dir_change)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    def stream_lost(self, epoch: int) -> None:
-        if epoch == self._endpoint.streams.epoch:
-            self._stream_lost = True
-            self._wake.set()
-
     def _on_dir_change(self) -> None:
         if self._endpoint.socket.gone():
             self._wake.set()
@@ -98,7 +78,7 @@ class PluginWatcherRegistrar:
             self._endpoint.log.error("the kubelet refused the registration", error=error)
             self._wake.set()
 
-    async def _supervise(self) -> None:
+    async def _run(self) -> None:
         delay = BACKOFF_INITIAL
         while True:
             self._wake.clear()
