@@ -7,8 +7,7 @@ import time
 from collections.abc import Iterable
 
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
-from devicehost.standin.connection import PluginConnection
-from devicehost.testing.kubelet import KubeletStandIn
+from devicehost.standin import KubeletStandIn
 
 Arrival = tuple[float, api_pb2.ListAndWatchResponse]
 
@@ -20,16 +19,16 @@ class TimedKubelet(KubeletStandIn):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._arrivals: dict[str, asyncio.Queue[Arrival]] = {}
+        self.observe_lists(self._stamp)
 
     def watch(self, name: str) -> asyncio.Queue[Arrival]:
         """The queue of ``(arrived, message)`` for ``name``, from now on."""
         return self._arrivals.setdefault(name, asyncio.Queue())
 
-    def _on_list(self, conn: PluginConnection, response: api_pb2.ListAndWatchResponse) -> None:
-        queue = self._arrivals.get(conn.resource)
+    def _stamp(self, resource: str, response: api_pb2.ListAndWatchResponse) -> None:
+        queue = self._arrivals.get(resource)
         if queue is not None:
             queue.put_nowait((time.monotonic(), response))
-        super()._on_list(conn, response)
 
 
 async def wait_all(kubelet: KubeletStandIn, names: Iterable[str], timeout: float) -> float:  # noqa: ASYNC109

@@ -278,6 +278,19 @@ async def test_history_records_every_list_with_topology(kubelet: KubeletStandIn,
     assert [e.detail for e in kubelet.events[mark:]] == ["3 of 3 healthy"]
 
 
+async def test_list_observers_see_every_message_as_it_arrives(
+    kubelet: KubeletStandIn, servers: Servers
+) -> None:
+    seen: list[tuple[str, list[str]]] = []
+    kubelet.observe_lists(lambda resource, message: seen.append((resource, [d.ID for d in message.devices])))
+    plugin = Plugin(devices("w0"))
+    await serve_and_register(kubelet, servers, plugin)
+    await kubelet.wait_for_resource(NAME, healthy=1)
+    plugin.push(devices("w0", "w1"))
+    await kubelet.wait_for_resource(NAME, healthy=2)
+    assert seen == [(NAME, ["w0"]), (NAME, ["w0", "w1"])]
+
+
 @pytest.mark.parametrize("end", ["kubelet drops it", "plugin ends it"])
 async def test_stream_end_disconnects_and_is_never_retried(
     kubelet: KubeletStandIn, servers: Servers, end: str

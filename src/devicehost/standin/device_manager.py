@@ -15,7 +15,7 @@ from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from devicehost.standin.admission import Admission
 from devicehost.standin.events import EventLog
 from devicehost.standin.model import AllocationResult, Event, EventKind, ListRecord, ResourceView
-from devicehost.standin.registry import ResourceRegistry
+from devicehost.standin.registry import ListObserver, ResourceRegistry
 
 
 class DeviceManager:
@@ -59,6 +59,10 @@ class DeviceManager:
         """Every ListAndWatch list received for ``name``, oldest first."""
         res = self._registry.get(name)
         return list(res.history) if res else []
+
+    def observe_lists(self, observer: ListObserver) -> None:
+        """Call ``observer(resource, message)`` for every ListAndWatch message as it arrives."""
+        self._registry.list_observers.append(observer)
 
     def options(self, name: str) -> api_pb2.DevicePluginOptions:
         """The options from ``GetDevicePluginOptions`` (the ones in ``RegisterRequest`` are ignored)."""

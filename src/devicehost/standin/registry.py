@@ -20,6 +20,9 @@ from devicehost.standin.connection import ConnectError, PluginConnection
 from devicehost.standin.events import EventLog
 from devicehost.standin.model import AdmissionError, DeviceView, EventKind, ListRecord, ResourceView
 
+ListObserver = Callable[[str, api_pb2.ListAndWatchResponse], None]
+"""Told ``(resource, message)`` for every ListAndWatch message the stand-in receives."""
+
 
 @dataclass
 class ResourceRecord:
@@ -84,6 +87,8 @@ class ResourceRegistry:
         self._records: dict[str, ResourceRecord] = {}
         self._conns: set[PluginConnection] = set()
         self._events = events
+        self.list_observers: list[ListObserver] = []
+        """Called with every ListAndWatch message as it arrives, before the stand-in reads it."""
 
     @property
     def names(self) -> list[str]:
@@ -199,6 +204,8 @@ class ResourceRegistry:
         await asyncio.gather(*(conn.close() for conn in list(self._conns)))
 
     def _on_list(self, conn: PluginConnection, response: api_pb2.ListAndWatchResponse) -> None:
+        for observe in self.list_observers:
+            observe(conn.resource, response)
         res = self._records.get(conn.resource)
         if res is None or conn.closing:
             return
