@@ -11,7 +11,7 @@ import pytest
 
 from devicehost.host import app, logs, simulate
 from devicehost.host.backends.backend import Backend
-from devicehost.host.cli import cmd_run, main
+from devicehost.host.cli import main
 from devicehost.host.config import HostConfig
 
 NO_BACKEND = "devicehost: no backend could be loaded; `devicehost backends` says why\n"
@@ -67,7 +67,7 @@ def exits(monkeypatch: pytest.MonkeyPatch) -> None:
     def exit_now(code: int) -> NoReturn:
         raise SystemExit(code)
 
-    monkeypatch.setattr(cmd_run, "exit_now", exit_now)
+    monkeypatch.setattr(app, "exit_now", exit_now)
 
 
 @pytest.fixture

@@ -3,8 +3,9 @@
 :func:`running` starts, in order, the ``kubelet.sock`` watch, the Register client, the metrics
 and probe endpoints, the config file watch and the host's loop, and tears them down in reverse
 in one place. :func:`run_host` adds the signals: SIGTERM and SIGINT stop the host (a second one
-exits at once), SIGHUP reloads. ``devicehost run`` and ``run --simulate-kubelet`` both call it;
-the test kit and the benchmarks use :func:`running`.
+exits at once), SIGHUP reloads. :func:`run_process` runs it on a new event loop and leaves the
+process as soon as it is done. ``devicehost run`` and ``run --simulate-kubelet`` both go through
+:func:`run_process` and :func:`run_host`; the test kit and the benchmarks use :func:`running`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -35,6 +37,7 @@ log = structlog.get_logger(__name__)
 
 HELPER_STOP_TIMEOUT = 2.0
 """Seconds teardown waits for a helper task after cancelling it; it never hangs on one."""
+EXIT_OK = 0
 EXIT_FORCED = 1
 
 
@@ -99,8 +102,31 @@ async def run_host(
         reload_config=reload_config,
         config_file=config_file,
     ) as host:
-        install_signal_handlers(host, lambda: os._exit(EXIT_FORCED))
+        install_signal_handlers(host, lambda: exit_now(EXIT_FORCED))
         await host.stopping.wait()
+
+
+def run_process(serve: Callable[[], Awaitable[None]]) -> NoReturn:
+    """Run ``serve()`` on a new event loop, then leave the process at once with status 0."""
+
+    async def serve_then_leave() -> None:
+        await serve()
+        exit_now(EXIT_OK)  # from inside the loop: asyncio.run's teardown would wait on stray threads
+
+    asyncio.run(serve_then_leave())
+    raise AssertionError("exit_now returned")  # pragma: no cover - exit_now never returns
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave once every socket is removed and every stop hook has run.
+
+    Hook threads that never returned, and grpc's own teardown at interpreter exit, must not keep
+    the pod in Terminating after the host has cleaned up.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away loses the tail
+            stream.flush()
+    os._exit(code)
 
 
 def install_signal_handlers(host: Host, on_forced_exit: Callable[[], None]) -> None:

@@ -10,18 +10,16 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from devicehost.host.cli.common import (
     EXIT_FAILED,
-    EXIT_OK,
     EXIT_USAGE,
     BackendLoadFailed,
     CommandFailed,
     add_config_options,
     config_file_of,
     config_from_args,
-    exit_now,
     load_backend_statuses,
     set_handler,
 )
@@ -57,8 +55,7 @@ def add_parser(commands: Commands) -> None:
 
 def run_command(args: argparse.Namespace, config: HostConfig) -> int:
     """Load the backends, check the socket dirs, serve until a signal, then leave at once."""
-    import asyncio
-
+    from devicehost.host import app
     from devicehost.host.logs import configure_logging
 
     configure_logging(config.log_level, config.log_format)
@@ -71,19 +68,16 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
         from devicehost.host.simulate import run_simulated as serve
     else:
         check_socket_dirs(config)
-        from devicehost.host.app import run_host as serve
-
-    async def serve_then_leave() -> NoReturn:
-        await serve(
+        serve = app.run_host
+    app.run_process(
+        lambda: serve(
             config,
             backends,
             failed_backends=failed,
             reload_config=functools.partial(config_from_args, args),
             config_file=config_file_of(args),
         )
-        exit_now(EXIT_OK)  # from inside the loop: asyncio.run's teardown would wait on stray threads
-
-    asyncio.run(serve_then_leave())
+    )
 
 
 def check_socket_dirs(config: HostConfig) -> None:

@@ -7,12 +7,10 @@ inside the functions), so ``devicehost --help`` stays quick.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from devicehost.host.backends.loader import BackendStatus
@@ -128,15 +126,3 @@ def load_backend_statuses(config: HostConfig) -> list[BackendStatus]:
         return load_backends(config.enabled_backends, config.disabled_backends, config.hook_timeout)
     except UnknownBackendError as exc:
         raise BackendLoadFailed(str(exc), EXIT_USAGE) from exc
-
-
-def exit_now(code: int) -> NoReturn:
-    """Leave once every socket is removed and every stop hook has run.
-
-    Hook threads that never returned, and grpc's own teardown at interpreter exit, must not keep
-    the pod in Terminating after the host has cleaned up.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a reader that went away loses the tail
-            stream.flush()
-    os._exit(code)
