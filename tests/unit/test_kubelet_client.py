@@ -68,7 +68,7 @@ class Registrar(api_pb2_grpc.RegistrationServicer):
         self.received = asyncio.Event()
         self.server: grpc.aio.Server | None = None
 
-    async def Register(  # noqa: N802 (the gRPC method name)
+    async def Register(
         self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.Empty:
         self.requests.append(request)
@@ -250,7 +250,7 @@ async def test_after_an_error_the_next_register_succeeds(
 ) -> None:
     registrar = await kubelet.start(Registrar(abort=(grpc.StatusCode.UNAVAILABLE, "not ready")))
     watch.refresh()
-    with pytest.raises(RegisterError, match="^UNAVAILABLE: not ready$"):
+    with pytest.raises(RegisterError, match=r"^UNAVAILABLE: not ready$"):
         await register(client)
 
     registrar.abort = None
@@ -315,7 +315,7 @@ async def test_a_kubelet_sock_changed_since_the_watch_looked_is_refused(
         kubelet.path.unlink()  # ``old`` stays bound: its inode cannot be reused
         registrar = await kubelet.start()  # a new file the watch has not been told of
 
-        with pytest.raises(RegisterError, match="^kubelet.sock changed since it was last seen"):
+        with pytest.raises(RegisterError, match=r"^kubelet\.sock changed since it was last seen"):
             await register(client)
 
         assert registrar.requests == []
@@ -375,8 +375,39 @@ async def test_a_new_generation_seen_by_the_running_watch_reaches_the_restarted_
         assert len(second.requests) == 1
     finally:
         watch_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch_task
+        await asyncio.wait({watch_task}, timeout=WITHIN)
+        assert watch_task.cancelled()
+
+
+async def test_a_reused_descriptor_number_does_not_inherit_a_failed_connection(
+    kubelet: Kubelet, watch: KubeletSocketWatch, client: KubeletClient, plugin_dir: Path
+) -> None:
+    """A kubelet restart: the Register on the new generation's fresh channel must connect at once.
+
+    The new channel dials ``unix:/proc/self/fd/N`` with the same N as the retired one (the number
+    is free again), and gRPC's global subchannel pool hands it the retired channel's subchannel,
+    still in reconnect backoff after "Connection refused" while anything holds the old call (here
+    the caught error; in the host, uncollected reference cycles do the same, about 1 time in 3).
+    """
+    first = await kubelet.start()
+    watch.refresh()
+    await register(client)
+    old_fds = fds_in(plugin_dir)
+    await kubelet.stop(first)
+    with pytest.raises(RegisterError, match=r"^UNAVAILABLE\b") as down:  # the kubelet is down, not yet seen
+        await register(client)
+    watch.refresh()  # kubelet.sock gone: a new generation, the channel is retired
+    with pytest.raises(RegisterError, match="cannot be opened"):
+        await register(client)
+    await eventually(lambda: fds_in(plugin_dir) == [], "the retired channel's descriptor is closed")
+
+    second = await kubelet.start()
+    watch.refresh()
+    await register(client)  # fails here: UNAVAILABLE ... unix:/proc/self/fd/N ... Connection refused
+
+    assert len(second.requests) == 1
+    assert old_fds == [f"{kubelet.path}"]
+    assert down.value is not None
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -428,6 +459,12 @@ async def test_the_channel_dials_the_file_of_its_generation_not_the_path(
 # the timeout and cancellation
 
 
+async def in_flight(registrar: Registrar, task: asyncio.Task[None]) -> None:
+    """Wait until the Register of ``task`` is with the kubelet (and fail if it ended first)."""
+    await eventually(lambda: registrar.received.is_set() or task.done(), "the Register reaches the kubelet")
+    assert not task.done(), f"the Register ended before it reached the kubelet: {task}"
+
+
 async def test_a_kubelet_that_never_answers_is_deadline_exceeded(
     kubelet: Kubelet, watch: KubeletSocketWatch, clients: Callable[[float], KubeletClient]
 ) -> None:
@@ -448,7 +485,7 @@ async def test_cancelling_the_caller_cancels_the_register(
     registrar = await kubelet.start(Registrar(hang=True))
     watch.refresh()
     task = asyncio.create_task(register(client))
-    await asyncio.wait_for(registrar.received.wait(), WITHIN)
+    await in_flight(registrar, task)
 
     task.cancel()
 
@@ -463,7 +500,7 @@ async def test_a_kubelet_going_down_mid_register_is_a_register_error(
     registrar = await kubelet.start(Registrar(hang=True))
     watch.refresh()
     task = asyncio.create_task(register(client))
-    await asyncio.wait_for(registrar.received.wait(), WITHIN)
+    await in_flight(registrar, task)
 
     await kubelet.stop(registrar, grace=0)
 
@@ -492,7 +529,8 @@ async def test_close_leaves_no_descriptor_behind(
 
     assert fds_in(plugin_dir) == []  # the O_PATH descriptor is closed by the time close() returns
     # and the connection's socket goes too (the server closes its end on its own time)
-    await eventually(lambda: open_fds() == before, "the descriptors are as before")
+    # (descriptors of earlier tests may close meanwhile: only new ones count)
+    await eventually(lambda: open_fds().items() <= before.items(), "no descriptor is left open")
 
 
 async def test_close_also_closes_the_channels_of_earlier_generations(

@@ -110,9 +110,15 @@ async def running(watch: KubeletSocketWatch) -> AsyncIterator[asyncio.Task[None]
     try:
         yield task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancelled(task)
+
+
+async def cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait (bounded) until it has ended."""
+    task.cancel()
+    await asyncio.wait({task}, timeout=WITHIN)
+    assert task.done(), "run() did not end when cancelled"
+    assert task.cancelled(), f"run() ended otherwise than cancelled: {task}"
 
 
 async def started(watch: KubeletSocketWatch) -> Calls:
@@ -478,9 +484,7 @@ async def test_a_new_kubelet_sock_in_a_recreated_dir_is_seen_while_an_old_listen
         assert not task.done()
 
 
-async def test_a_dir_missing_at_start_is_polled_for(
-    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_dir_missing_at_start_is_polled_for(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket_watch, "POLL_INTERVAL", 0.05)
     directory = short_tmp / "later"
     watch = KubeletSocketWatch(directory)
@@ -512,15 +516,16 @@ async def test_cancelling_run_ends_it_and_closes_its_inotify(plugin_dir: Path, k
     await started(watch)
     assert inotify_fds() == before + 1
 
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, WITHIN)
+    await cancelled(task)
 
-    assert task.cancelled()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     assert inotify_fds() == before
 
 
-async def test_cancelling_run_while_it_polls_ends_it(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_cancelling_run_while_it_polls_ends_it(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(socket_watch, "POLL_INTERVAL", 0.05)
     before = inotify_fds()
     watch = KubeletSocketWatch(short_tmp / "missing")
@@ -528,9 +533,8 @@ async def test_cancelling_run_while_it_polls_ends_it(short_tmp: Path, monkeypatc
     calls = await started(watch)
     await eventually(lambda: calls.count >= 2, "the watch polls")
 
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, WITHIN)
+    await cancelled(task)
 
-    assert task.cancelled()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     assert inotify_fds() == before

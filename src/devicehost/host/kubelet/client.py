@@ -22,6 +22,9 @@ _CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 0),
     ("grpc.initial_reconnect_backoff_ms", 50),
     ("grpc.max_reconnect_backoff_ms", 500),
+    # Each channel its own connections: a new channel dials /proc/self/fd/N, and N is often the
+    # number the retired channel had, so the global pool would hand it the old, failed connection.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 
