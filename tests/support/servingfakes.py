@@ -29,15 +29,6 @@ from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 RESOURCE = "example.com/widget"
 
 
-async def eventually(predicate: Callable[[], bool], within: float = 2.0, what: str = "") -> None:
-    """Yield to the loop until ``predicate()`` holds; fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {within} s: {what or predicate}")
-        await asyncio.sleep(0)
-
-
 async def settle(rounds: int = 50) -> None:
     """Let every ready callback and task run a few times (for checking that nothing happens)."""
     for _ in range(rounds):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from pathlib import Path
@@ -11,26 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from devicehost.host import logs
 from devicehost.host.backends import loader
 from devicehost.host.backends.loader import BackendStatus
 from devicehost.host.cli import main
 from devicehost.host.cli.cmd_backends import describe
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No DEVICEHOST_* variable of the shell running the tests leaks into the config."""
-    for name in [n for n in os.environ if n.startswith("DEVICEHOST_")]:
-        monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def logging_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """configure_logging's arguments; the real one would reconfigure logging for the whole session."""
-    calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(logs, "configure_logging", lambda *args: calls.append(args))
-    return calls
 
 
 def test_config_check_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

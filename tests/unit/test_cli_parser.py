@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,6 @@ import pytest
 from devicehost.host.cli import build_parser, cmd_backends, cmd_config, cmd_run, cmd_status
 from devicehost.host.cli.common import CONFIG_KEYS, config_file_of, config_from_args
 from devicehost.host.config import HostConfig
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No DEVICEHOST_* variable of the shell running the tests leaks into the config."""
-    for name in [n for n in os.environ if n.startswith("DEVICEHOST_")]:
-        monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize(

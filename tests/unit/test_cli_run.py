@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
-from devicehost.host import app, logs, simulate
+from devicehost.host import app, simulate
 from devicehost.host.backends.backend import Backend
 from devicehost.host.cli import main
 from devicehost.host.config import HostConfig
 
 NO_BACKEND = "devicehost: no backend could be loaded; `devicehost backends` says why\n"
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No DEVICEHOST_* variable of the shell running the tests leaks into the config."""
-    for name in [n for n in os.environ if n.startswith("DEVICEHOST_")]:
-        monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def logging_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """configure_logging's arguments; the real one would reconfigure logging for the whole session."""
-    calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(logs, "configure_logging", lambda *args: calls.append(args))
-    return calls
 
 
 class Served:

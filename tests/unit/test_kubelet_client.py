@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from waiting import WITHIN, eventually
 
 from devicehost.host.kubelet.client import API_VERSION, KubeletClient, RegisterError
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
@@ -27,20 +28,8 @@ ENDPOINT = "devicehost-example.com_widget-abc123.sock"
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
 TIMEOUT = 30.0
 """The client's Register timeout where the test is not about the timeout: far above any wait here."""
-WITHIN = 10.0
-"""Seconds a bounded wait allows: generous, the machine may be busy."""
 QUICK = 3.0
 """How long a Register that cannot reach a kubelet may take to fail (it must not wait out TIMEOUT)."""
-
-
-async def eventually(predicate: Callable[[], bool], what: str, within: float = WITHIN) -> None:
-    """Poll ``predicate`` (yielding to the loop) until it holds; fail after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"not true after {within} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def open_fds() -> dict[int, str]:

@@ -25,9 +25,9 @@ from servingfakes import (
     FakeSocketWatch,
     KubeletStream,
     RecordingServer,
-    eventually,
     settle,
 )
+from waiting import eventually
 
 from devicehost.host.serving import kubelet_registrar, registration
 from devicehost.host.serving.kubelet_registrar import KubeletRegistrar, KubeletRegistration

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from servingfakes import eventually
+from waiting import eventually
 
 from devicehost.hookspecs.types import Device, Health
 from devicehost.host.serving.notifier import Notifier

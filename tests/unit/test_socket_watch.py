@@ -13,27 +13,15 @@ import contextlib
 import os
 import shutil
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from asyncinotify import Inotify, Mask, Watch
+from waiting import WITHIN, eventually
 
 from devicehost.host.kubelet import socket_watch
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch, file_identity
-
-WITHIN = 10.0
-"""Seconds a bounded wait allows: generous, the machine may be busy."""
-
-
-async def eventually(predicate: Callable[[], bool], what: str, within: float = WITHIN) -> None:
-    """Poll ``predicate`` (yielding to the loop) until it holds; fail after ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"not true after {within} s: {what}")
-        await asyncio.sleep(0.005)
 
 
 def identity_of(path: Path) -> tuple[int, int, int]:

@@ -6,7 +6,8 @@ import asyncio
 import time
 
 import pytest
-from servingfakes import KubeletStream, eventually, settle
+from servingfakes import KubeletStream, settle
+from waiting import eventually
 
 from devicehost.hookspecs.types import Device
 from devicehost.host.serving import streams as streams_module

@@ -20,9 +20,9 @@ from servingfakes import (
     FakeSocketWatch,
     KubeletStream,
     RecordingServer,
-    eventually,
     settle,
 )
+from waiting import eventually
 
 from devicehost.host.serving import watcher_registrar
 from devicehost.host.serving.registration import BACKOFF_INITIAL
