@@ -9,8 +9,6 @@ Backends import the contract from here::
         return [devicehost.Resource("example.com/widget", (devicehost.Device("w0"),))]
 """
 
-import importlib.metadata
-
 from devicehost.hookspecs import (
     ContainerAllocation,
     Device,
@@ -23,8 +21,19 @@ from devicehost.hookspecs import (
     hookimpl,
 )
 
-__version__ = importlib.metadata.version("devicehost")
-"""The installed distribution's version (setup.cfg is the one source)."""
+
+def __getattr__(name: str) -> str:
+    """``__version__``: the installed distribution's version (setup.cfg is the one source).
+
+    Read on first use, not at import: every backend imports this package, and the metadata
+    lookup would add to the host's start before its first registration.
+    """
+    if name == "__version__":
+        import importlib.metadata
+
+        return importlib.metadata.version("devicehost")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ContainerAllocation",
