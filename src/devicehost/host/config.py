@@ -163,6 +163,14 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def chosen_config_file(given: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The config file in use: the one given (``--config``), else ``$DEVICEHOST_CONFIG``, else none."""
+    environ = os.environ if environ is None else environ
+    if given is None and environ.get(ENV_CONFIG):
+        return Path(environ[ENV_CONFIG])
+    return given
+
+
 def build_config(
     config_file: Path | None = None,
     cli: Mapping[str, Any] | None = None,
@@ -170,8 +178,7 @@ def build_config(
 ) -> HostConfig:
     """Merge the sources (command line over environment over file over defaults) and validate."""
     environ = os.environ if environ is None else environ
-    if config_file is None and environ.get(ENV_CONFIG):
-        config_file = Path(environ[ENV_CONFIG])
+    config_file = chosen_config_file(config_file, environ)
     merged: dict[str, Any] = read_config_file(config_file) if config_file else {}
     from_env = env_overrides(environ)
     merged.update(from_env)

@@ -7,7 +7,6 @@ inside the functions), so ``devicehost --help`` stays quick.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -110,9 +109,9 @@ def config_from_args(args: argparse.Namespace) -> HostConfig:
 
 def config_file_of(args: argparse.Namespace) -> Path | None:
     """The config file a running host follows: ``--config``, else $DEVICEHOST_CONFIG."""
-    if args.config:
-        return Path(args.config)
-    return Path(os.environ["DEVICEHOST_CONFIG"]) if os.environ.get("DEVICEHOST_CONFIG") else None
+    from devicehost.host.config import chosen_config_file
+
+    return chosen_config_file(Path(args.config) if args.config else None)
 
 
 def load_backend_statuses(config: HostConfig) -> list[BackendStatus]:
