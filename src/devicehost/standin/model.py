@@ -9,6 +9,8 @@ from typing import NamedTuple
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 
 HEALTHY = "Healthy"
+VERSION = "v1beta1"
+"""The device plugin API version the kubelet serves (Register) and accepts (plugin watcher)."""
 
 
 class EventKind(enum.StrEnum):

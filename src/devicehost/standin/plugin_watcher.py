@@ -14,11 +14,11 @@ from asyncinotify import Inotify, Mask
 from devicehost.hookspecs.rules import resource_name_problem
 from devicehost.proto.pluginregistration.v1 import api_pb2, api_pb2_grpc
 from devicehost.standin.connection import CHANNEL_OPTIONS, ConnectError
+from devicehost.standin.model import VERSION
 
 GET_INFO_TIMEOUT = 1.0
 NOTIFY_TIMEOUT = 1.0
 PLUGIN_TYPE = "DevicePlugin"
-VERSION = "v1beta1"
 _ADDED = Mask.CREATE | Mask.MOVED_TO
 _REMOVED = Mask.DELETE | Mask.MOVED_FROM
 

@@ -17,8 +17,8 @@ import grpc
 
 from devicehost.hookspecs.rules import resource_name_problem
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from devicehost.standin.model import VERSION
 
-VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 CHECKPOINT = "kubelet_internal_checkpoint"
 
