@@ -248,6 +248,12 @@ async def test_load_configures_and_adds_an_installed_backend(backend_set: Backen
     assert [(r.name, len(r.devices)) for r in await example.discover()] == [("example.com/thing", 2)]
 
 
+async def test_load_of_no_names_loads_nothing(backend_set: BackendSet) -> None:
+    await backend_set.load([], {}, 1.0)
+    assert backend_set.loaded == {}
+    assert backend_set.failed == {}
+
+
 async def test_load_keeps_the_given_order(backend_set: BackendSet) -> None:
     await backend_set.load(["broken-conformance", "example"], {}, 1.0)
     assert list(backend_set.loaded) == ["broken-conformance", "example"]

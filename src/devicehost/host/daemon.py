@@ -177,8 +177,7 @@ class Host:
             server.health_interval = self.config.health_interval
         for name in plan.disable:
             await self.backends.disable(name, self._withdraw_backend)
-        if plan.load:
-            await self.backends.load(plan.load, self.config.backends, self.config.hook_timeout)
+        await self.backends.load(plan.load, self.config.backends, self.config.hook_timeout)
         for name in plan.reconfigure:
             await self.backends.reconfigure(name, self.config.backends.get(name, {}))
         log.info("configuration reloaded", changed=list(plan.changed))

@@ -53,7 +53,9 @@ class BackendSet:
             )
 
     async def load(self, names: Sequence[str], settings: Settings, hook_timeout: float) -> None:
-        """Load and configure more backends (in a thread: imports can be slow)."""
+        """Load and configure more backends (in a thread: imports can be slow); none named, none loaded."""
+        if not names:
+            return  # load_backends reads an empty list as "every installed backend"
         for status in await asyncio.to_thread(load_backends, names, [], hook_timeout):
             if status.backend is None:
                 self.failed[status.name] = status.error or "failed to load"
