@@ -16,6 +16,7 @@ import pytest
 
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Health, Resource
+from devicehost.host import reconcile
 from devicehost.host.backends.backend import new_plugin_manager
 from devicehost.host.backends.loader import UnknownBackendError, load_backends
 
@@ -105,16 +106,8 @@ class DirectBackend:
 
 
 def servable(resources: Sequence[Resource]) -> list[Resource]:
-    """The resources the host would serve: valid names and device IDs, each name once."""
-    names = [r.name for r in resources]
-    return [
-        r
-        for r in resources
-        if isinstance(r.name, str)
-        and rules.resource_name_problem(r.name) is None
-        and rules.device_ids_problem(d.id for d in r.devices) is None
-        and names.count(r.name) == 1
-    ]
+    """The resources the host would serve from this discovery: its own plan, nothing served yet."""
+    return [resource for _, resource in reconcile.plan([("backend", resources)], {}).add]
 
 
 def healthy_ids(resource: Resource) -> list[str]:
