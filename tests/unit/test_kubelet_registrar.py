@@ -264,6 +264,23 @@ async def test_a_kubelet_restart_during_the_backoff_registers_at_once(
     assert [c.outcome for c in client.calls] == ["failed", "ok"]
 
 
+async def test_other_changes_in_the_dir_do_not_cut_the_backoff_short(
+    registrar: KubeletRegistrar,
+    client: FakeRegisterClient,
+    watch: FakeSocketWatch,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kubelet_registrar, "BACKOFF_INITIAL", 60.0)
+    client.fail(1)
+    registrar.start()
+    await eventually(lambda: [c.outcome for c in client.calls] == ["failed"])
+    for _ in range(20):  # the kubelet rewriting its checkpoint, other plugins' sockets
+        watch.refresh()
+        await settle()
+    assert [c.outcome for c in client.calls] == ["failed"], "retried without waiting out the backoff"
+    assert not registrar.registered
+
+
 async def test_socket_gone_at_start_is_served_again_before_registering(
     registrar: KubeletRegistrar, endpoint: FakeEndpoint
 ) -> None:

@@ -46,6 +46,8 @@ class KubeletRegistrar(RegistrarLoop):
         super().__init__(endpoint, watch)
         self._client = client
         self._registered_generation: int | None = None
+        self._tried_generation: int | None = None
+        """The kubelet.sock generation of the last Register, whether it succeeded or failed."""
 
     @property
     def registered(self) -> bool:
@@ -59,7 +61,9 @@ class KubeletRegistrar(RegistrarLoop):
         """Nothing to add: the kubelet dials the DevicePlugin service it is told about."""
 
     def _on_dir_change(self) -> None:
-        if self._endpoint.socket.gone() or self._watch.generation != self._registered_generation:
+        # A failed Register waits out its backoff unless kubelet.sock or our socket changed:
+        # any other file in the dir (the kubelet's checkpoint, other plugins) is no reason to retry.
+        if self._endpoint.socket.gone() or self._watch.generation != self._tried_generation:
             self._wake.set()
 
     async def _run(self) -> None:
@@ -103,6 +107,7 @@ class KubeletRegistrar(RegistrarLoop):
         await endpoint.streams.end_all()
         self._stream_lost = False
         endpoint.streams.new_epoch()
+        self._tried_generation = generation
         started = time.monotonic()
         await self._client.register(endpoint.name, endpoint.socket.name, endpoint.options)
         self._registered_generation = generation
