@@ -75,8 +75,11 @@ class PushBackend:
         short = resource.split("/")[1]
         return ContainerAllocation(
             envs={f"EXAMPLE_{short.upper().replace('-', '_').replace('.', '_')}S": ",".join(device_ids)},
-            mounts=[Mount("/etc/example", "/etc", read_only=True)],
-            devices=[DeviceSpec(f"/dev/{device_id}", "/dev/null", "rw") for device_id in device_ids],
+            mounts=[Mount(container_path="/etc/example", host_path="/etc", read_only=True)],
+            devices=[
+                DeviceSpec(container_path=f"/dev/{device_id}", host_path="/dev/null", permissions="rw")
+                for device_id in device_ids
+            ],
         )
 
 

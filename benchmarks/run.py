@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from benchmarks import allocate, coldstart, health, restart, scale, throughput
+from benchmarks import allocate, coldstart, health, idle, realkubelet, restart, scale, throughput
 from benchmarks.figures import Figure
 from benchmarks.settings import MODES, Settings
 
@@ -35,6 +35,8 @@ MEASUREMENTS: dict[str, Measure] = {
     "restart": restart.measure,
     "coldstart": coldstart.measure,
     "throughput": throughput.measure,
+    "kubelet": realkubelet.measure,
+    "idle": idle.measure,
 }
 PACKAGES = ("devicehost", "devicehost-example", "grpcio", "protobuf", "pluggy", "structlog", "asyncinotify")
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "results.json"

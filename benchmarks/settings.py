@@ -20,6 +20,7 @@ class Settings:
     restarts: int
     cold_starts: int
     throughput_seconds: float
+    idle_seconds: float
 
 
 MODES = {
@@ -35,6 +36,7 @@ MODES = {
         restarts=10,
         cold_starts=5,
         throughput_seconds=10.0,
+        idle_seconds=60.0,
     ),
     "quick": Settings(
         allocate_samples=400,
@@ -48,6 +50,7 @@ MODES = {
         restarts=3,
         cold_starts=2,
         throughput_seconds=2.0,
+        idle_seconds=10.0,
     ),
     "minimal": Settings(
         allocate_samples=50,
@@ -61,5 +64,6 @@ MODES = {
         restarts=2,
         cold_starts=1,
         throughput_seconds=0.5,
+        idle_seconds=1.0,
     ),
 }

@@ -46,3 +46,12 @@ def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     yield site
     for module in ("dh_good", "dh_broken", "dh_asyncy", "dh_typo"):
         sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def logging_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands run in-process leave logging as it is: configure_logging would cache every
+    logger of the session with its processors, and later tests could no longer capture logs."""
+    from devicehost.host import logs
+
+    monkeypatch.setattr(logs, "configure_logging", lambda *args, **kwargs: None)

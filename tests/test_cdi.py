@@ -18,14 +18,18 @@ KIND = "example.com/widget"
 
 
 def node(name: str) -> cdi.Device:
-    return cdi.Device(name, cdi.ContainerEdits(device_nodes=[cdi.DeviceNode(f"/dev/{name}", "/dev/null")]))
+    return cdi.Device(
+        name, cdi.ContainerEdits(device_nodes=[cdi.DeviceNode(path=f"/dev/{name}", host_path="/dev/null")])
+    )
 
 
 def widget_spec(*names: str) -> cdi.Spec:
     return cdi.Spec(
         KIND,
         [node(name) for name in names or ("widget-0",)],
-        cdi.ContainerEdits(mounts=[cdi.Mount("/etc", "/etc/example", ("bind", "ro"))]),
+        cdi.ContainerEdits(
+            mounts=[cdi.Mount(host_path="/etc", container_path="/etc/example", options=("bind", "ro"))]
+        ),
     )
 
 
@@ -113,17 +117,33 @@ def test_a_spec_with_devices_shared_edits_and_hooks_is_valid() -> None:
             "CDI device 'w0': environment variable name 'A=B'",
         ),
         (
-            cdi.Spec(KIND, [cdi.Device("w0", cdi.ContainerEdits(device_nodes=[cdi.DeviceNode("dev/w0")]))]),
+            cdi.Spec(
+                KIND, [cdi.Device("w0", cdi.ContainerEdits(device_nodes=[cdi.DeviceNode(path="dev/w0")]))]
+            ),
             "CDI device 'w0': path 'dev/w0' must be absolute",
         ),
         (
-            cdi.Spec(KIND, [cdi.Device("w0", cdi.ContainerEdits(mounts=[cdi.Mount("etc", "/etc")]))]),
+            cdi.Spec(
+                KIND,
+                [
+                    cdi.Device(
+                        "w0", cdi.ContainerEdits(mounts=[cdi.Mount(host_path="etc", container_path="/etc")])
+                    )
+                ],
+            ),
             "path 'etc' must be absolute",
         ),
         (
             cdi.Spec(
                 KIND,
-                [cdi.Device("w0", cdi.ContainerEdits(device_nodes=[cdi.DeviceNode("/dev/w0", None, "rx")]))],
+                [
+                    cdi.Device(
+                        "w0",
+                        cdi.ContainerEdits(
+                            device_nodes=[cdi.DeviceNode(path="/dev/w0", host_path=None, permissions="rx")]
+                        ),
+                    )
+                ],
             ),
             "permissions 'rx' must be made of r, w and m",
         ),
@@ -162,7 +182,9 @@ def test_written_file_is_the_cdi_json_of_the_spec(tmp_path: Path) -> None:
             node("widget-0"),
             cdi.Device("widget-1", cdi.ContainerEdits(env={"WIDGET": "1"}, hooks=[hook])),
         ],
-        cdi.ContainerEdits(mounts=[cdi.Mount("/etc", "/etc/example", ("bind", "ro"))]),
+        cdi.ContainerEdits(
+            mounts=[cdi.Mount(host_path="/etc", container_path="/etc/example", options=("bind", "ro"))]
+        ),
     )
     path = cdi.write_spec(spec, tmp_path)
     doc = json.loads(path.read_text())
@@ -272,14 +294,35 @@ def test_default_dir_is_where_runtimes_look() -> None:
 def test_edits_from_allocation_carry_envs_mounts_and_device_nodes() -> None:
     allocation = ContainerAllocation(
         envs={"WIDGETS": "w0"},
-        mounts=[Mount("/etc/example", "/etc", read_only=True), Mount("/data", "/srv")],
-        devices=[DeviceSpec("/dev/w0", "/dev/null", "rw")],
+        mounts=[
+            Mount(container_path="/etc/example", host_path="/etc", read_only=True),
+            Mount(container_path="/data", host_path="/srv"),
+        ],
+        devices=[DeviceSpec(container_path="/dev/w0", host_path="/dev/null", permissions="rw")],
         annotations={"not": "an edit"},
     )
     edits = cdi.edits_from_allocation(allocation)
     assert edits == cdi.ContainerEdits(
         env={"WIDGETS": "w0"},
-        device_nodes=[cdi.DeviceNode("/dev/w0", "/dev/null", "rw")],
-        mounts=[cdi.Mount("/etc", "/etc/example", ("bind", "ro")), cdi.Mount("/srv", "/data", ("bind",))],
+        device_nodes=[cdi.DeviceNode(path="/dev/w0", host_path="/dev/null", permissions="rw")],
+        mounts=[
+            cdi.Mount(host_path="/etc", container_path="/etc/example", options=("bind", "ro")),
+            cdi.Mount(host_path="/srv", container_path="/data", options=("bind",)),
+        ],
     )
     assert cdi.spec_problem(cdi.Spec(KIND, [cdi.Device("w0", edits)])) is None
+
+
+def test_defined_names_reads_every_spec_as_a_runtime_does(tmp_path: Path) -> None:
+    edits = cdi.ContainerEdits(device_nodes=[cdi.DeviceNode(path="/dev/null")])
+    written = cdi.write_spec(
+        cdi.Spec(kind=KIND, devices=[cdi.Device("w0", edits), cdi.Device("w1", edits)]), tmp_path
+    )
+    (tmp_path / "other.yaml").write_text("cdiVersion: 0.6.0\nkind: b.com/c\ndevices:\n- name: x\n")
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "notes.txt").write_text('{"kind": "z.com/z", "devices": [{"name": "n"}]}')
+    assert cdi.defined_names(tmp_path) == {
+        f"{KIND}=w0": written,
+        f"{KIND}=w1": written,
+        "b.com/c=x": tmp_path / "other.yaml",
+    }

@@ -208,7 +208,7 @@ def test_backends_command_lists_status_and_resources(env: dict[str, str]) -> Non
 def test_unknown_backend_is_a_usage_error(env: dict[str, str]) -> None:
     result = run_cli("run", "--backend", "nosuch", "--device-plugins-dir", "/tmp", env=env)
     assert result.returncode == 2
-    assert "unknown backend(s): nosuch (installed: " in result.stderr
+    assert "unknown backend(s): nosuch (in enabled_backends); installed: " in result.stderr
 
 
 def test_missing_device_plugins_dir_is_a_clear_error(env: dict[str, str], tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_malformed_config_file_names_the_key(env: dict[str, str], tmp_path: Path
     result = run_cli("run", "--config", str(config), env=env)
     assert result.returncode == 2
     assert "health_interval: Input should be a valid number" in result.stderr
-    assert "not_a_key: Extra inputs are not permitted" in result.stderr
+    assert "not_a_key: unknown key (valid keys: " in result.stderr
 
 
 def test_symlinked_device_plugins_dir_is_refused_unless_allowed(env: dict[str, str], short_tmp: Path) -> None:
@@ -267,3 +267,124 @@ def test_a_closed_stdout_does_not_stop_the_host_from_stopping(env: dict[str, str
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
+
+
+def write(tmp_path: Path, text: str) -> str:
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    return str(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("backends: {not_installed: {}}\n", "unknown backend(s): not_installed (in backends); installed: "),
+        ("enabled_backends: [acme]\n", "unknown backend(s): acme (in enabled_backends); installed: "),
+        ("disabled_backends: exampel\n", "exampel (in disabled_backends, did you mean 'example'?)"),
+        (
+            "backends: {example: {numa_nodes: 0}}\n",
+            "backends.example.numa_nodes: Input should be greater than 0",
+        ),
+        (
+            "backends: {example: {resources: {example.com/widget: many}}}\n",
+            "backends.example.resources.example.com/widget: Input should be a valid integer",
+        ),
+        (
+            "backends: {example: {resourcez: {}}}\n",
+            "backends.example.resourcez: unknown key, did you mean 'resources'?",
+        ),
+        (
+            "rediscover_intervall: 3\n",
+            "rediscover_intervall: unknown key, did you mean 'rediscover_interval'?",
+        ),
+        ("socket_mode: 660\n", "write octal as a string ('0660') or with a 0o prefix (0o660)"),
+    ],
+)
+def test_config_check_and_run_refuse_the_same(
+    env: dict[str, str], tmp_path: Path, text: str, message: str
+) -> None:
+    """What ``config check`` refuses, ``run`` refuses before serving anything, with the same words."""
+    config = write(tmp_path, text)
+    checked = run_cli("config", "check", config, env=env)
+    assert checked.returncode == 2
+    assert message in checked.stderr
+    assert "Traceback" not in checked.stderr
+    run = run_cli("run", "--simulate-kubelet", "--config", config, env=env)
+    assert run.returncode == 2
+    assert message in run.stderr
+    assert "serving" not in run.stdout
+
+
+def test_config_check_accepts_the_forms_people_write(env: dict[str, str], tmp_path: Path) -> None:
+    config = write(
+        tmp_path, "enabled_backends: example\nsocket_mode: '660'\nbackends: {example: {numa_nodes: 2}}\n"
+    )
+    result = run_cli("config", "check", config, env=env)
+    assert (result.returncode, result.stdout) == (0, f"{config}: valid\n")
+    shown = run_cli("config", "show", "--config", config, env=env)
+    assert "enabled_backends:\n- example\n" in shown.stdout
+    assert "socket_mode: '0660'" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--disable", "acme"], "unknown backend(s): acme (in disabled_backends); installed: "),
+        (["run", "--backend", "acme"], "unknown backend(s): acme (in enabled_backends); installed: "),
+        (
+            ["run", "--simulate-kubelet", "--device-plugins-dir", "/tmp"],
+            "cannot apply with --simulate-kubelet",
+        ),
+        (["status", "--address", "nonsense"], "--address nonsense: must be HOST:PORT"),
+        (["run", "--metrics-address", "nine"], "metrics_address: Value error, must be HOST:PORT"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(env: dict[str, str], args: list[str], message: str) -> None:
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("devicehost: ")
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_metrics_port_in_use_is_one_line(env: dict[str, str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = run_cli(
+            "run", "--simulate-kubelet", "--backend", "good", "--metrics-address", address, env=env
+        )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"devicehost: cannot listen on metrics address {address}: ")
+    assert "address already in use" in result.stderr.lower()
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_the_flags_the_readme_lists_exist(env: dict[str, str], short_tmp: Path) -> None:
+    """--metrics-address and --registration-mode were in the README but not in the parser."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    args = ["run", "--backend", "good", "--device-plugins-dir", str(short_tmp)]
+    daemon = Daemon([*args, "--registration-mode", "kubelet", "--metrics-address", address], env)
+    try:
+        assert daemon.wait_for("serving metrics and probes")["address"] == address
+        daemon.wait_for("serving", resource="good.example.com/thing")
+        assert daemon.stop() == 0
+    finally:
+        daemon.close()
+
+
+def test_version_and_subcommand_usage(env: dict[str, str]) -> None:
+    import devicehost
+
+    assert run_cli("--version", env=env).stdout == f"devicehost {devicehost.__version__}\n"
+    bogus = run_cli("run", "--bogus", env=env)
+    assert bogus.returncode == 2
+    assert bogus.stderr.startswith("usage: devicehost run ")
+    assert bogus.stderr.endswith("devicehost run: error: unrecognized arguments: --bogus\n")

@@ -24,7 +24,11 @@ pytestmark = pytest.mark.timeout(90)
 
 CONFORMANCE = ["-p", "devicehost.testing.plugin", "--pyargs", "devicehost.testing.conformance"]
 STRICT = ["-p", "no:cacheprovider", "-W", "error", "-q", "-o", "asyncio_default_fixture_loop_scope=function"]
-SUMMARY = re.compile(r"^(FAILED|ERROR) \S*::(\w+) - Failed: \[([a-z-]+)\]", re.MULTILINE)
+SUMMARY = re.compile(
+    r"^(FAILED|ERROR) devicehost/testing/conformance\.py::(\w+) - Failed: \[([a-z-]+)\]", re.MULTILINE
+)
+"""A failure line: the suite's path (never empty, as pytest makes it for a module outside the
+rootdir), the test, the rule it broke."""
 
 
 def conformance(workdir: Path, backend: str, settings: object = None) -> tuple[int, dict[str, str], str]:
@@ -99,11 +103,46 @@ def test_nonconformant_backend_fails_naming_each_broken_rule(short_tmp: Path) ->
         "test_kubelet_admission_succeeds": "admission",
         "test_preferred_allocation_is_well_formed": "preferred-allocation",
         "test_start_and_stop_repeat_and_release": "start-stop",
+        "test_released_devices_come_back": "device-release",
+        "test_reload_keeps_allocations_working": "reload",
     }, output
     assert set(broken.values()) <= set(RULES)
-    assert "7 passed" in output  # loading, hook contract, unknown IDs at the host, kubelet restart
+    assert (
+        "9 passed" in output
+    )  # loading, hook contract, start hook, CDI names, unknown IDs at the host, restart
     assert "device path 'dev/g0' must be absolute" in output
     assert "returned 1 device IDs, the kubelet asked for 2" in output
+
+
+def test_example_backend_conforms_with_cdi_specs_in_the_kits_dir(short_tmp: Path) -> None:
+    code, broken, output = conformance(short_tmp, "example", {"cdi": True})
+    assert (code, broken) == (0, {}), output
+    assert "passed, 1 skipped" in output  # only preferred-allocation, which example does not implement
+
+
+def test_kit_fails_a_backend_whose_cdi_names_no_spec_defines(short_tmp: Path) -> None:
+    code, broken, output = conformance(short_tmp, "unresolvable-cdi")
+    assert code == 1, output
+    assert broken == {
+        "test_cdi_names_are_defined": "cdi-names",
+        "test_reload_keeps_allocations_working": "reload",
+    }, output
+    # g0 and g1 resolve: the backend's spec went to the kit's CDI dir, and the kit read it there
+    assert (
+        "no spec in the CDI dir defines podbreakers.example.com/gpu g2: 'podbreakers.example.com/gpu=g2'"
+        in output
+    )
+    assert "=g0'" not in output
+    assert not Path("/var/run/cdi/devicehost-podbreakers.example.com_gpu.json").exists()
+
+
+def test_kit_reports_a_failing_start_hook_once_with_its_exception(short_tmp: Path) -> None:
+    code, broken, output = conformance(short_tmp, "failing-start")
+    assert code == 1, output
+    assert broken == {"test_start_hook_succeeds": "start-hook"}, output
+    assert "OSError: cannot open the driver for podbreakers.example.com/nostart" in output
+    assert "did not reach the kubelet" not in output  # the wire checks were skipped, not timed out
+    assert "1 failed, 11 passed, 10 skipped" in output, output
 
 
 def test_conformance_without_a_backend_says_how_to_choose_one(short_tmp: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from projects import run_testenv, tox_commands
 
 from devicehost.hookspecs import spec
 
@@ -38,7 +38,7 @@ def doc_section(name: str) -> str:
 
 def test_the_spec_module_has_hooks() -> None:
     assert "devicehost_allocate" in HOOKS
-    assert len(HOOKS) == 8
+    assert len(HOOKS) == 11  # ten the host calls, one test seam (devicehost_conformance_set_health)
 
 
 @pytest.mark.parametrize("name", HOOKS)
@@ -75,12 +75,6 @@ FILE_BLOCK = re.compile(r"^```\w+ file=(\S+)\n(.*?)^```$", re.MULTILINE | re.DOT
 def doc_files() -> dict[str, str]:
     """The files the walk-through writes, by path."""
     return dict(FILE_BLOCK.findall(WALKTHROUGH.read_text()))
-
-
-def tox_commands(tox_ini: str) -> list[list[str]]:
-    """The ``[testenv] commands`` of the doc's tox.ini."""
-    section = tox_ini.split("commands =\n", 1)[1].split("\n\n", 1)[0]
-    return [shlex.split(line) for line in section.splitlines()]
 
 
 def test_the_doc_writes_a_whole_backend() -> None:
@@ -122,14 +116,4 @@ def test_the_documented_backend_installs_and_passes_conformance(short_tmp: Path)
         "--pyargs",
         "devicehost.testing.conformance",
     ]
-    for command in commands:
-        result = subprocess.run(
-            [str(venv / "bin" / command[0]), *command[1:]],
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert " passed" in result.stdout
-        assert "failed" not in result.stdout
+    run_testenv(venv, project, doc_files()["tox.ini"], timeout=60)

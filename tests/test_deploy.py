@@ -260,6 +260,10 @@ def test_probes_hit_healthz_and_readyz_on_the_metrics_port(target: str) -> None:
     main = container(target)
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # The port listens from the first moments: a startup probe on /healthz gates the others.
+    assert main["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert main["startupProbe"]["periodSeconds"] == 1
+    assert "initialDelaySeconds" not in main["livenessProbe"]
     ports = {p["name"]: p for p in main["ports"]}
     assert ports["metrics"]["containerPort"] == metrics_port(target)
     assert ports["metrics"]["protocol"] == "TCP"
@@ -468,9 +472,13 @@ def _dockerfile() -> list[tuple[str, str]]:
 
 
 def _stages() -> Iterator[tuple[str, str, list[tuple[str, str]]]]:
-    """(image, stage name, the stage's instructions), with FROM's ${ARG}s resolved."""
+    """(image, stage name, the stage's instructions), with FROM's ${ARG}s resolved (defaults)."""
     global_args: dict[str, str] = {}
     stage: tuple[str, str, list[tuple[str, str]]] | None = None
+
+    def resolve(text: str) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], text)
+
     for keyword, rest in _dockerfile():
         if keyword == "FROM":
             if stage:
@@ -478,12 +486,11 @@ def _stages() -> Iterator[tuple[str, str, list[tuple[str, str]]]]:
             words = rest.split()
             assert len(words) == 3, f"every stage is named: FROM {rest}"
             assert words[1].upper() == "AS", f"every stage is named: FROM {rest}"
-            image = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m[1]], words[0])
-            stage = (image, words[2], [])
+            stage = (resolve(words[0]), words[2], [])
         elif stage is None:
             assert keyword == "ARG", f"{keyword} before the first FROM"
             name, _, default = rest.partition("=")
-            global_args[name] = default.strip('"')
+            global_args[name] = resolve(default.strip('"'))
         else:
             stage[2].append((keyword, rest))
     assert stage is not None, "no FROM"
@@ -497,30 +504,49 @@ def _arg_default(instructions: list[tuple[str, str]], name: str) -> str:
     raise AssertionError(f"no ARG {name} with a default")
 
 
-def test_dockerfile_builds_wheels_then_a_slim_python_312_runtime() -> None:
+def test_dockerfile_builds_wheels_then_a_venv_runtime_on_a_base_given_by_build_args() -> None:
     stages = list(_stages())
     assert [name for _, name, _ in stages] == ["wheels", "runtime"]
     for image, name, _ in stages:
         repository, _, tag = image.rpartition(":")
         assert repository, f"stage {name}: {image} has no tag"
         assert "latest" not in image, f"stage {name}: {image}"
-        assert re.match(r"3\.12-slim", tag), f"stage {name}: want python 3.12 slim, got {image}"
+        assert re.match(r"3\.12-slim", tag), f"stage {name}: default base python 3.12 slim, got {image}"
+    raw = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:\$\{PYTHON_VERSION\}-", raw, re.M), (
+        "base follows PYTHON_VERSION"
+    )
+    assert re.findall(r"^FROM \$\{BASE_IMAGE\} AS ", raw, re.M), "the base image is a build argument"
     wheels, runtime = stages[0][2], stages[1][2]
-    assert any(k == "RUN" and "pip wheel" in r and "plugins/${backend}" in r for k, r in wheels)
+    # Plain Debian has python3.X and no `python`; pip runs only inside a venv (PEP 668).
+    for instructions in (wheels, runtime):
+        runs = " ".join(r for k, r in instructions if k == "RUN")
+        assert re.search(r"\bpython \b|python -m", runs) is None, "no bare `python`"
+        assert '"python${PYTHON_VERSION}" -m venv' in runs
+        assert "--break-system-packages" not in runs
+    assert any(k == "RUN" and "/build/bin/pip wheel" in r and "plugins/${backend}" in r for k, r in wheels)
     install = [r for k, r in runtime if k == "RUN" and "pip install" in r]
     assert install
-    assert all("--no-index" in r and "from=wheels" in r for r in install)
+    assert all("--no-index" in r and "from=wheels" in r and "install.txt" in r for r in install)
     assert not [k for k, _ in runtime if k in {"HEALTHCHECK", "ADD"}]
 
 
-def test_dockerfile_backends_arg_names_bundled_plugins() -> None:
-    stages = list(_stages())
-    defaults = {_arg_default(instructions, "BACKENDS") for _, _, instructions in stages}
-    assert defaults == {"devicehost-example devicehost-hostdev"}, "both stages need the same default"
-    for backend in defaults.pop().split():
+def test_dockerfile_backends_are_plugins_wheels_or_requirements_and_can_build_offline() -> None:
+    wheels = next(iter(_stages()))[2]
+    assert _arg_default(wheels, "BACKENDS") == "devicehost-example devicehost-hostdev"
+    for backend in _arg_default(wheels, "BACKENDS").split():
         setup = REPO / "plugins" / backend / "setup.cfg"
         assert setup.is_file(), f"BACKENDS default names {backend}, not in plugins/"
         assert re.search(rf"^name = {re.escape(backend)}$", setup.read_text(), re.M)
+    build = " ".join(r for k, r in wheels if k == "RUN")
+    assert "*.whl)" in build, "wheel files in the build context"
+    assert "plugins/${backend}" in build, "bundled plugins"
+    # pip's own variables: unset unless given, so an index stays the default and offline is opt-in.
+    declared = {r for k, r in wheels if k == "ARG"}
+    assert {"PIP_NO_INDEX", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"} <= declared
+    assert any(k == "ENV" and "PIP_FIND_LINKS=/src/wheels" in r for k, r in wheels)
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    assert "wheels" not in {line.strip() for line in lines if not line.startswith("#")}
 
 
 def test_dockerfile_entrypoint_is_the_host_console_script() -> None:
@@ -534,6 +560,7 @@ def test_dockerfile_entrypoint_is_the_host_console_script() -> None:
 def test_dockerfile_user_is_configurable_and_defaults_to_root() -> None:
     runtime = list(_stages())[-1][2]
     assert _arg_default(runtime, "DEVICEHOST_USER") == "0"
+    assert any(k == "ENV" and "PATH=/opt/devicehost/bin:" in r for k, r in runtime), "the venv's devicehost"
     users = [r for k, r in runtime if k == "USER"]
     assert users == ["${DEVICEHOST_USER}"]
     assert [r for k, r in runtime if k == "EXPOSE"] == [str(metrics_port("base"))]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 from pathlib import Path
 
 import grpc
 import pytest
 from hostfakes import ScriptedBackend, TopologyBackend, running_host, socket_files, widgets
+from waiting import eventually
 
+import devicehost
 from devicehost import Device, Health, Resource
 from devicehost.testing.kubelet import EventKind, KubeletStandIn
 
@@ -199,8 +202,7 @@ async def test_failed_discovery_keeps_what_the_backend_had(kubelet: KubeletStand
         await kubelet.wait_for_resource("example.com/a", healthy=2)
         backend.discover_error = OSError("bus error")
         discoveries = host.discoveries
-        while host.discoveries < discoveries + 3:
-            await asyncio.sleep(0.02)
+        await eventually(lambda: host.discoveries >= discoveries + 3, "three failed discoveries")
         assert "example.com/a" in host.resources
         assert kubelet.allocatable("example.com/a") == 2
 
@@ -216,16 +218,20 @@ async def test_invalid_resources_are_refused_and_the_rest_served(
     )
     rival = ScriptedBackend(widgets("example.com/fine", 9))
     async with running_host(plugin_dir, {"b": backend, "rival": rival}) as host:
-        await kubelet.wait_for_resource("example.com/fine", healthy=2)
+        await kubelet.wait_for_resource("example.com/fine")
         assert sorted(host.resources) == ["example.com/fine"]
-        assert host.resources["example.com/fine"].backend.name == "b"
-        assert rival.count("devicehost_start") == 0
+        # Discoveries run at once and the first answer is served: the other offer is refused.
+        owner = host.resources["example.com/fine"].backend.name
+        expected = {"b": 2, "rival": 9}[owner]
+        await kubelet.wait_for_resource("example.com/fine", healthy=expected)
+        loser = rival if owner == "b" else backend
+        assert loser.count("devicehost_start", "example.com/fine") == 0
 
 
 async def test_kubelet_absent_at_start_then_appearing(plugin_dir: Path) -> None:
     backend = ScriptedBackend(widgets("example.com/a", 2))
-    async with running_host(plugin_dir, {"b": backend}):
-        await asyncio.sleep(0.3)
+    async with running_host(plugin_dir, {"b": backend}) as host:
+        await eventually(lambda: host.discoveries > 0 and "example.com/a" in host.resources, "served")
         assert len(socket_files(plugin_dir)) == 1
         async with KubeletStandIn(plugin_dir) as late:
             view = await late.wait_for_resource("example.com/a", healthy=2, timeout=5)
@@ -239,10 +245,37 @@ async def test_rediscovery_does_not_undo_pushed_health(kubelet: KubeletStandIn, 
         backend.notifiers["example.com/widget"].set_health({"w0": Health.UNHEALTHY})
         await kubelet.wait_for_resource("example.com/widget", healthy=1)
         discoveries = host.discoveries
-        while host.discoveries < discoveries + 3:  # discovery keeps saying w0 is Healthy, as before
-            await asyncio.sleep(0.02)
+        # discovery keeps saying w0 is Healthy, as before
+        await eventually(lambda: host.discoveries >= discoveries + 3, "three more discoveries")
         assert kubelet.allocatable("example.com/widget") == 1
         # a change in what discovery reports does count (w1), an unchanged report does not (w0)
         backend.resources = [Resource("example.com/widget", (Device("w0"), Device("w1", Health.UNHEALTHY)))]
         view = await kubelet.wait_for_resource("example.com/widget", healthy=0, total=2)
         assert [(d.id, d.health) for d in view.devices] == [("w0", "Unhealthy"), ("w1", "Unhealthy")]
+
+
+class SlowDiscovery(ScriptedBackend):
+    """Its discovery blocks until the test lets it answer."""
+
+    def __init__(self, *resources: Resource) -> None:
+        super().__init__(*resources)
+        self.answer = threading.Event()
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[Resource]:
+        self.answer.wait(30)
+        return super().devicehost_discover()
+
+
+async def test_a_slow_discovery_holds_back_no_other_backends_resources(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    slow = SlowDiscovery(widgets("slow.example.com/a", 1))
+    fast = ScriptedBackend(widgets("fast.example.com/b", 2))
+    async with running_host(plugin_dir, {"slow": slow, "fast": fast}, hook_timeout=30.0):
+        view = await kubelet.wait_for_resource("fast.example.com/b", healthy=2)
+        assert view.registrations == 1
+        assert kubelet.registrations("slow.example.com/a") == 0, "the slow backend has not answered yet"
+        slow.answer.set()
+        await kubelet.wait_for_resource("slow.example.com/a", healthy=1)
+        assert kubelet.view("fast.example.com/b").registrations == 1, "the fast one was left alone"

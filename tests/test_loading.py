@@ -38,5 +38,7 @@ def test_all_installed_backends_load_in_name_order(fake_site: Path) -> None:
 
 
 def test_unknown_backend_names_are_an_error(fake_site: Path) -> None:
-    with pytest.raises(UnknownBackendError, match=r"unknown backend\(s\): nosuch \(installed: .*good"):
+    with pytest.raises(
+        UnknownBackendError, match=r"unknown backend\(s\): nosuch \(in enabled_backends\); installed: .*good"
+    ):
         load_backends(["good", "nosuch"], [], 1.0)

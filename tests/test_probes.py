@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from hostfakes import ScriptedBackend, running_host, widgets
+from hostfakes import ScriptedBackend, install_fake_distribution, running_host, widgets
+from waiting import eventually
 
 from devicehost import Health
 from devicehost.testing.kubelet import KubeletStandIn
@@ -102,31 +105,63 @@ async def test_readyz_fails_while_the_kubelet_is_gone(kubelet: KubeletStandIn, p
         assert "example.com/widget" in text
 
 
-async def test_healthz_fails_while_a_hook_is_stuck(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
+async def test_a_stuck_hook_fails_readyz_naming_the_backend_and_never_healthz(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
     port = free_port()
     backend = ScriptedBackend(widgets("example.com/widget", 1))
     backend.hanging.add("devicehost_allocate")
+    other = ScriptedBackend(widgets("other.example.com/gadget", 1))
     async with running_host(
-        plugin_dir, {"stuck": backend}, metrics_address=f"127.0.0.1:{port}", hook_timeout=0.2
+        plugin_dir, {"stuck": backend, "other": other}, metrics_address=f"127.0.0.1:{port}", hook_timeout=0.2
     ):
         await kubelet.wait_for_resource("example.com/widget", healthy=1)
+        await kubelet.wait_for_resource("other.example.com/gadget", healthy=1)
         with pytest.raises(grpc.aio.AioRpcError):
             await kubelet.allocate_ids("example.com/widget", ["w0"])
-        status, text = await get(port, "/healthz")
-        assert status == 503
-        assert text == "stuck: devicehost_allocate stuck past the hook timeout\n"
+        assert await get(port, "/healthz") == (200, "ok\n")
+        assert await get(port, "/readyz") == (
+            503,
+            "not ready:\n  backend stuck: devicehost_allocate stuck past the hook timeout\n",
+        )
+        await kubelet.allocate("other.example.com/gadget", 1)  # the other backend is untouched
         _, metrics = await get(port, "/metrics")
         assert (
             sample(metrics, "devicehost_hook_failures_total", backend="stuck", hook="devicehost_allocate")
             == 1
         )
         assert sample(metrics, "devicehost_hooks_stuck", backend="stuck") == 1
+        assert "devicehost_ready 0.0" in metrics.splitlines()
+        assert "devicehost_live 1.0" in metrics.splitlines()
+        _, body = await get(port, "/status")
+        assert json.loads(body)["problems"] == [
+            "backend stuck: devicehost_allocate stuck past the hook timeout"
+        ]
         backend.hang.set()
         for _ in range(100):
-            if (await get(port, "/healthz"))[0] == 200:
+            if (await get(port, "/readyz"))[0] == 200:
                 break
             await asyncio.sleep(0.02)
+        assert (await get(port, "/readyz"))[0] == 200
+
+
+async def test_a_backend_that_refused_its_settings_shows_in_readyz_not_healthz(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    port = free_port()
+    good = ScriptedBackend(widgets("example.com/widget", 1))
+    async with running_host(
+        plugin_dir,
+        {"ex": good},
+        metrics_address=f"127.0.0.1:{port}",
+        failed_backends={"acme": "settings refused: x"},
+    ):
+        await kubelet.wait_for_resource("example.com/widget", healthy=1)
         assert await get(port, "/healthz") == (200, "ok\n")
+        assert await get(port, "/readyz") == (
+            503,
+            "not ready:\n  backend acme: not loaded: settings refused: x\n",
+        )
 
 
 async def test_status_endpoint_and_command(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
@@ -153,3 +188,74 @@ async def test_status_endpoint_and_command(kubelet: KubeletStandIn, plugin_dir: 
         text = out.decode()
         assert "ready: yes   live: yes" in text
         assert re.search(r"example\.com/widget\s+ex\s+registered\s+2/2 healthy", text)
+
+
+SLOW_IMPORT_BACKEND = """
+import pathlib, time
+import devicehost
+
+pathlib.Path(__file__).with_name("importing").touch()
+time.sleep(3)
+
+@devicehost.hookimpl
+def devicehost_discover():
+    return [devicehost.Resource("slow.example.com/thing", (devicehost.Device("t0"),))]
+
+@devicehost.hookimpl
+def devicehost_allocate(device_ids):
+    return devicehost.ContainerAllocation()
+"""
+
+
+async def test_the_probe_port_listens_before_the_backends_load(
+    kubelet: KubeletStandIn, plugin_dir: Path, tmp_path: Path
+) -> None:
+    """A probe at pod start waits in the backlog and is answered, instead of 'connection refused'."""
+    site = tmp_path / "site"
+    install_fake_distribution(
+        site, "devicehost-slowimport", "dh_slowimport", SLOW_IMPORT_BACKEND, "slow = dh_slowimport"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *sys.path])
+    port = free_port()
+    args = ["run", "--device-plugins-dir", str(plugin_dir), "--backend", "slow"]
+    env["DEVICEHOST_METRICS_ADDRESS"] = f"127.0.0.1:{port}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "devicehost",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        await eventually(lambda: (site / "importing").exists(), "the backend's import started", within=20)
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            pass  # listening while the backend still imports: not refused
+        assert await get(port, "/healthz") == (200, "ok\n")  # answered once the server runs
+        await kubelet.wait_for_resource("slow.example.com/thing", healthy=1, timeout=20)
+        assert (await get(port, "/readyz"))[0] == 200
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+def test_a_taken_metrics_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env["DEVICEHOST_METRICS_ADDRESS"] = f"127.0.0.1:{port}"
+        result = subprocess.run(
+            [sys.executable, "-m", "devicehost", "run", "--simulate-kubelet", "--backend", "example"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"devicehost: cannot listen on metrics address 127.0.0.1:{port}: Address already in use"
+    ]

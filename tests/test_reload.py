@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import yaml
+from waiting import eventually
 
 from devicehost.host.app import running
 from devicehost.host.backends.loader import load_backends
@@ -107,8 +108,7 @@ async def test_invalid_reload_changes_nothing(
             "rediscover_interval: never\nbackends: {example: {resources: {example.com/z: 1}}}\n"
         )
         host.request_reload()
-        while host.discoveries == discoveries:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: host.discoveries > discoveries, "the discovery after the reload")
         assert host.config == before
         assert sorted(host.resources) == ["example.com/a"]
         assert kubelet.registrations("example.com/a") == 1
@@ -143,3 +143,53 @@ async def test_reload_enables_and_disables_backends(
         assert sorted(host.backends.loaded) == ["good"]
         assert sorted(host.resources) == ["good.example.com/thing"]
         assert kubelet.registrations("good.example.com/thing") == 1
+
+
+def defined_cdi_names(cdi_dir: Path) -> set[str]:
+    """Every fully qualified CDI device name the specs on disk define."""
+    names = set()
+    for spec in cdi_dir.glob("*.json"):
+        doc = json.loads(spec.read_text())
+        names |= {f"{doc['kind']}={d['name']}" for d in doc["devices"]}
+    return names
+
+
+async def test_cdi_specs_follow_a_reload_so_every_allocated_name_is_defined(
+    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path
+) -> None:
+    """2 -> 4 widgets with cdi: true, then cdi: false: each Allocate names only devices on disk."""
+    cdi_dir = short_tmp / "cdi"
+    config_file = short_tmp / "config.yaml"
+    widget = "example.com/widget"
+
+    def publish(count: int, use_cdi: bool) -> None:
+        config = example_config(plugin_dir, {widget: count}, cdi_dir=str(cdi_dir))
+        config["backends"] = {"example": {"resources": {widget: count}, "cdi": use_cdi}}
+        config_file.write_text(yaml.safe_dump(config))
+
+    async def allocated_names(device_id: str) -> list[str]:
+        response = await kubelet.allocate_ids(widget, [device_id])
+        kubelet.release(widget)
+        return [d.name for d in response.container_responses[0].cdi_devices]
+
+    publish(2, use_cdi=True)
+    async with host_from_file(config_file) as host:
+        await kubelet.wait_for_resource(widget, healthy=2)
+        assert await allocated_names("widget-1") == [f"{widget}=widget-1"]
+        assert defined_cdi_names(cdi_dir) == {f"{widget}=widget-0", f"{widget}=widget-1"}
+        served = host.resources[widget]
+
+        publish(4, use_cdi=True)
+        host.request_reload()
+        await kubelet.wait_for_resource(widget, healthy=4)
+        assert host.resources[widget] is served, "updated in place, not restarted"
+        names = await allocated_names("widget-3")
+        assert names == [f"{widget}=widget-3"]
+        assert set(names) <= defined_cdi_names(cdi_dir)
+        assert len(defined_cdi_names(cdi_dir)) == 4
+
+        publish(4, use_cdi=False)
+        host.request_reload()
+        await eventually(lambda: not list(cdi_dir.glob("*.json")), "the spec removed")
+        assert await allocated_names("widget-3") == []
+    assert not list(cdi_dir.glob("*.json"))

@@ -9,6 +9,7 @@ Backends import the contract from here::
         return [devicehost.Resource("example.com/widget", (devicehost.Device("w0"),))]
 """
 
+from devicehost import cdi, policies
 from devicehost.hookspecs import (
     ContainerAllocation,
     Device,
@@ -45,5 +46,7 @@ __all__ = [
     "Resource",
     "ResourceNotifier",
     "__version__",
+    "cdi",
     "hookimpl",
+    "policies",
 ]

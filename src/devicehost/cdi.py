@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devicehost.hookspecs.rules import cdi_name_problem
-from devicehost.hookspecs.types import ContainerAllocation
+from devicehost.hookspecs.types import ContainerAllocation, keyword_only
 
 # 0.5.0 added ``hostPath`` to device nodes and 0.6.0 allowed dots in a kind's class; every
 # other field written here is older. A runtime rejects a spec whose version it does not know.
@@ -30,6 +30,29 @@ SPEC_MODE = 0o644
 OCI_HOOKS = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
 )
+
+__all__ = [
+    "CDI_VERSION",
+    "DEFAULT_CDI_DIR",
+    "OCI_HOOKS",
+    "SPEC_MODE",
+    "ContainerEdits",
+    "Device",
+    "DeviceNode",
+    "Hook",
+    "Mount",
+    "Spec",
+    "default_dir",
+    "defined_names",
+    "edits_from_allocation",
+    "kind_problem",
+    "qualified_name",
+    "remove_spec",
+    "set_default_dir",
+    "spec_path",
+    "spec_problem",
+    "write_spec",
+]
 
 _default_dir = DEFAULT_CDI_DIR
 _ENV_NAME = re.compile(r"[^=\0]+")
@@ -41,9 +64,15 @@ def set_default_dir(path: str | os.PathLike[str]) -> None:
     _default_dir = Path(path)
 
 
-@dataclass(frozen=True)
+def default_dir() -> Path:
+    """Where :func:`write_spec` and :func:`remove_spec` go when given no directory."""
+    return _default_dir
+
+
+@keyword_only
+@dataclass(frozen=True, kw_only=True)
 class DeviceNode:
-    """A device node created in the container.
+    """A device node created in the container: ``DeviceNode(path=..., host_path=...)``.
 
     :param path: absolute path inside the container.
     :param host_path: absolute path of the node on the host; ``None`` means ``path``.
@@ -55,9 +84,12 @@ class DeviceNode:
     permissions: str = "rw"
 
 
-@dataclass(frozen=True)
+@keyword_only
+@dataclass(frozen=True, kw_only=True)
 class Mount:
-    """A host path mounted into the container.
+    """A host path mounted into the container: ``Mount(host_path=..., container_path=...)``.
+
+    Keyword-only, as :class:`devicehost.Mount` is: the two took their paths in opposite orders.
 
     :param host_path: absolute path on the host.
     :param container_path: absolute path inside the container.
@@ -238,9 +270,16 @@ def edits_from_allocation(allocation: ContainerAllocation) -> ContainerEdits:
     """
     return ContainerEdits(
         env=dict(allocation.envs),
-        device_nodes=[DeviceNode(d.container_path, d.host_path, d.permissions) for d in allocation.devices],
+        device_nodes=[
+            DeviceNode(path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+            for d in allocation.devices
+        ],
         mounts=[
-            Mount(m.host_path, m.container_path, ("bind", "ro") if m.read_only else ("bind",))
+            Mount(
+                host_path=m.host_path,
+                container_path=m.container_path,
+                options=("bind", "ro") if m.read_only else ("bind",),
+            )
             for m in allocation.mounts
         ],
     )
@@ -295,6 +334,31 @@ def remove_spec(kind: str, cdi_dir: str | os.PathLike[str] | None = None) -> Non
     path = spec_path(kind, cdi_dir)
     path.unlink(missing_ok=True)
     _fsync_directory(path.parent)
+
+
+def defined_names(cdi_dir: str | os.PathLike[str] | None = None) -> dict[str, Path]:
+    """Every fully qualified device name the specs in ``cdi_dir`` define, with its spec file.
+
+    Reads ``.json`` and ``.yaml`` files as a runtime does; a file it cannot parse defines
+    nothing (a runtime skips it too). ``None`` means the host's ``cdi_dir``.
+    """
+    import yaml  # here, not at module level: every backend imports this module via devicehost
+
+    directory = Path(cdi_dir) if cdi_dir is not None else _default_dir
+    names: dict[str, Path] = {}
+    for path in sorted(directory.glob("*")):
+        if path.suffix not in (".json", ".yaml") or not path.is_file():
+            continue
+        try:
+            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if not isinstance(spec, dict) or not isinstance(spec.get("devices"), list):
+            continue
+        for device in spec["devices"]:
+            if isinstance(device, dict) and isinstance(device.get("name"), str):
+                names[f"{spec.get('kind')}={device['name']}"] = path
+    return names
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -28,7 +28,7 @@ from hostfakes import TopologyBackend, running_host, widgets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devicehost.host.backends.backend import MAX_THREADS_PER_BACKEND
+from devicehost.host.backends.threads import MAX_THREADS_PER_BACKEND
 from devicehost.host.daemon import Host
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 from devicehost.testing.kubelet import KubeletStandIn

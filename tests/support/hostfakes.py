@@ -17,6 +17,7 @@ from devicehost.host.app import running
 from devicehost.host.backends.backend import Backend
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
+from devicehost.testing.host import beside_kubelet
 
 
 def widgets(name: str, count: int, prefix: str = "w") -> Resource:
@@ -78,7 +79,10 @@ class ScriptedBackend:
             return self.allocate_answer
         return ContainerAllocation(
             envs={"IDS": ",".join(device_ids)},
-            devices=[DeviceSpec(f"/dev/{i}", "/dev/null", "rw") for i in device_ids],
+            devices=[
+                DeviceSpec(container_path=f"/dev/{i}", host_path="/dev/null", permissions="rw")
+                for i in device_ids
+            ],
         )
 
 
@@ -107,9 +111,11 @@ async def running_host(
 ) -> AsyncIterator[Host]:
     """The real Host serving ``backends`` (name -> plugin object) into ``directory``."""
     settings.setdefault("hook_timeout", 2.0)
+    failed = settings.pop("failed_backends", None)
+    settings.setdefault("pod_resources_socket", beside_kubelet(directory))
     config = HostConfig(device_plugins_dir=directory, **settings)
     loaded = [Backend(name, plugin, config.hook_timeout) for name, plugin in backends.items()]
-    async with running(config, loaded) as host:
+    async with running(config, loaded, failed_backends=failed) as host:
         try:
             yield host
         finally:

@@ -169,7 +169,7 @@ async def test_disable_withdraws_then_closes_the_backend(make: Make) -> None:
     assert list(backends.loaded) == ["stays"]
     assert "gone" not in backends.failed
     assert_threads_exit(threads)
-    assert [b.name for b, _ in await backends.discover_all()] == ["stays"]
+    assert [b.name for b in backends] == ["stays"]
 
 
 async def test_set_hook_timeout_applies_to_every_loaded_backend(make: Make) -> None:
@@ -184,11 +184,11 @@ async def test_set_hook_timeout_applies_to_every_loaded_backend(make: Make) -> N
         await backends.loaded["slow"].discover()
 
 
-async def test_discover_all_gives_none_for_a_failed_discovery(make: Make) -> None:
+async def test_discover_gives_none_for_a_failed_discovery(make: Make) -> None:
     good, broken = Minimal("example.com/good"), Minimal("example.com/broken")
     broken.discover_error = OSError("driver gone")
     backends = BackendSet([make("broken", broken), make("good", good)])
-    answers = [(b.name, answer) for b, answer in await backends.discover_all()]
+    answers = [(b.name, await backends.discover(b)) for b in backends]
     assert answers == [("broken", None), ("good", good.resources)]
 
 
@@ -205,7 +205,7 @@ async def test_states_report_stuck_hooks_and_hook_failures(make: Make) -> None:
     stuck.hang_discover = True
     failing.discover_error = RuntimeError("boom")
     backends = BackendSet([make("stuck", stuck, hook_timeout=0.05), make("failing", failing)])
-    assert [answer for _, answer in await backends.discover_all()] == [None, None]
+    assert await asyncio.gather(*(backends.discover(b) for b in backends)) == [None, None]
     # A hook counts as stuck once it has run for longer than the hook timeout: wait for that.
     async with asyncio.timeout(5):
         while not backends.loaded["stuck"].stuck_hooks():
@@ -263,14 +263,17 @@ async def test_load_records_refused_settings(backend_set: BackendSet) -> None:
     await backend_set.load(["example"], {"example": {"numa_nodes": 0}}, 1.0)
     assert backend_set.loaded == {}
     assert backend_set.failed == {
-        "example": "settings refused: backend 'example' devicehost_configure raised ValueError: "
-        "settings.numa_nodes must be an integer >= 1"
+        "example": "settings refused: backend 'example' settings do not fit its settings model: "
+        "backends.example.numa_nodes: Input should be greater than 0 (got 0)"
     }
 
 
-async def test_a_backend_whose_settings_load_refuses_is_closed(backend_set: BackendSet) -> None:
+async def test_a_backend_whose_settings_load_refuses_is_closed(
+    backend_set: BackendSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEVICEHOST_EXAMPLE_RESOURCES", "example.com/widget=many")  # its hook refuses
     before = set(worker_threads("example"))
-    await backend_set.load(["example"], {"example": {"numa_nodes": 0}}, 1.0)
+    await backend_set.load(["example"], {}, 1.0)
     assert "example" in backend_set.failed
     assert_threads_exit([t for t in worker_threads("example") if t not in before])
 
@@ -285,7 +288,10 @@ async def test_load_records_backends_that_fail_to_load(backend_set: BackendSet, 
 
 
 async def test_load_of_an_unknown_name_raises_and_loads_nothing(backend_set: BackendSet) -> None:
-    with pytest.raises(UnknownBackendError, match=r"unknown backend\(s\): ghost \(installed: .*example"):
+    with pytest.raises(
+        UnknownBackendError,
+        match=r"unknown backend\(s\): ghost \(in enabled_backends\); installed: .*example",
+    ):
         await backend_set.load(["example", "ghost"], {}, 1.0)
     assert backend_set.loaded == {}
     assert backend_set.failed == {}

@@ -73,8 +73,8 @@ def test_unknown_backend_is_a_usage_error(
 ) -> None:
     assert main(["run", "--backend", "nosuch", "--backend", "example", "--log-level", "warning"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("devicehost: unknown backend(s): nosuch (installed: ")
-    assert logging_calls == [("warning", "auto")]
+    assert err.startswith("devicehost: unknown backend(s): nosuch (in enabled_backends); installed: ")
+    assert logging_calls == []  # refused with the config, before anything else
 
 
 def test_no_backend_loaded_fails(
@@ -197,10 +197,14 @@ def test_run_follows_the_config_file_named_by_the_environment(
 
 
 def test_simulate_skips_the_socket_dir_checks(
-    logging_calls: list[tuple[Any, ...]], run_host: Served, run_simulated: Served
+    logging_calls: list[tuple[Any, ...]],
+    run_host: Served,
+    run_simulated: Served,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("DEVICEHOST_DEVICE_PLUGINS_DIR", "/nonexistent")
     with pytest.raises(SystemExit) as exited:
-        main(["run", "--simulate-kubelet", "--backend", "example", "--device-plugins-dir", "/nonexistent"])
+        main(["run", "--simulate-kubelet", "--backend", "example"])
     assert exited.value.code == 0
     assert run_host.calls == []
     [call] = run_simulated.calls

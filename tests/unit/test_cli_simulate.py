@@ -29,8 +29,10 @@ class FakeRunHost:
         failed_backends: Mapping[str, str] | None = None,
         reload_config: Callable[[], HostConfig] | None = None,
         config_file: Path | None = None,
+        on_start: Callable[[Any], None] | None = None,
     ) -> None:
         assert reload_config is not None
+        assert on_start is not None  # the simulation follows the host, to name backends
         directory = config.device_plugins_dir
         self.seen = {
             "dir": directory,

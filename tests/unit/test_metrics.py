@@ -210,7 +210,10 @@ def test_no_resources_and_no_backends_renders_only_the_declarations() -> None:
     metrics.watch(lambda: HostState(STATE.kubelet, (), (), 0))
     text = lines(metrics)
     assert "# TYPE devicehost_devices gauge" in text
-    assert not [line for line in text if not line.startswith("#")]
+    assert [line for line in text if not line.startswith("#")] == [
+        "devicehost_ready 0.0",  # discovery has not run
+        "devicehost_live 1.0",
+    ]
 
 
 def test_observer_feeds_the_allocation_histogram(metrics: HostMetrics) -> None:

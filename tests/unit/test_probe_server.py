@@ -13,7 +13,7 @@ import pytest
 from devicehost.host.ops.metrics import HostMetrics
 from devicehost.host.ops.probes import ProbeServer
 from devicehost.host.ops.status import print_status
-from devicehost.host.state import BackendState, HostState, KubeletState, ResourceState
+from devicehost.host.state import STARTING, BackendState, HostState, KubeletState, ResourceState
 
 WIDGET = "example.com/widget"
 GADGET = "example.com/gadget"
@@ -117,19 +117,22 @@ def test_the_address_is_split_into_bind_and_port(host: FakeHost) -> None:
 async def test_readyz_follows_discovery_and_registration(
     host: FakeHost, client: aiohttp.ClientSession
 ) -> None:
-    assert await get(client, "/readyz") == (
-        503,
-        "not registered and streaming: (discovery has not run yet)\n",
-    )
+    beta = "  backend beta: not loaded: import failed\n"
+    assert await get(client, "/readyz") == (503, "not ready:\n  host: discovery has not run yet\n" + beta)
+    host.state = dataclasses.replace(host.state, backends=host.state.backends[:1])
 
     host.serve(resource(WIDGET, registered=False), resource(GADGET, registered=False))
     assert await get(client, "/readyz") == (
         503,
-        f"not registered and streaming: {GADGET}, {WIDGET}\n",
+        f"not ready:\n  resource {WIDGET} (backend alpha): not registered and streaming\n"
+        f"  resource {GADGET} (backend alpha): not registered and streaming\n",
     )
 
     host.serve(resource(WIDGET, registered=True), resource(GADGET, registered=False))
-    assert await get(client, "/readyz") == (503, f"not registered and streaming: {GADGET}\n")
+    assert await get(client, "/readyz") == (
+        503,
+        f"not ready:\n  resource {GADGET} (backend alpha): not registered and streaming\n",
+    )
 
     host.serve(resource(WIDGET, registered=True), resource(GADGET, registered=True))
     assert await get(client, "/readyz") == (200, "ok: 2 resources registered\n")
@@ -138,35 +141,32 @@ async def test_readyz_follows_discovery_and_registration(
     assert await get(client, "/readyz") == (200, "ok: 0 resources registered\n")
 
 
-async def test_healthz_fails_while_a_hook_is_stuck(host: FakeHost, client: aiohttp.ClientSession) -> None:
+async def test_a_stuck_hook_fails_readyz_naming_the_backend_and_never_healthz(
+    host: FakeHost, client: aiohttp.ClientSession
+) -> None:
+    host.state = dataclasses.replace(host.state, backends=host.state.backends[:1])
+    host.serve(resource(WIDGET, registered=True))
     assert await get(client, "/healthz") == (200, "ok\n")
 
     host.stick("alpha", "devicehost_discover", "devicehost_health")
-    assert await get(client, "/healthz") == (
+    assert await get(client, "/healthz") == (200, "ok\n")
+    assert await get(client, "/readyz") == (
         503,
-        "alpha: devicehost_discover, devicehost_health stuck past the hook timeout\n",
+        "not ready:\n  backend alpha: devicehost_discover, devicehost_health stuck past the hook timeout\n",
     )
 
     host.stick("alpha")
-    assert await get(client, "/healthz") == (200, "ok\n")
+    assert (await get(client, "/readyz"))[0] == 200
 
 
-async def test_healthz_lists_every_backend_with_stuck_hooks(
+async def test_healthz_fails_only_when_the_host_loop_ended(
     host: FakeHost, client: aiohttp.ClientSession
 ) -> None:
-    host.state = dataclasses.replace(
-        host.state,
-        backends=(
-            BackendState("alpha", True, stuck_hooks=("devicehost_discover",)),
-            BackendState("gamma", True, stuck_hooks=("devicehost_allocate",)),
-        ),
-    )
-    status, body = await get(client, "/healthz")
-    assert status == 503
-    assert body.splitlines() == [
-        "alpha: devicehost_discover stuck past the hook timeout",
-        "gamma: devicehost_allocate stuck past the hook timeout",
-    ]
+    host.state = STARTING
+    assert await get(client, "/healthz") == (200, "ok\n")
+    assert await get(client, "/readyz") == (503, "not ready:\n  host: starting\n")
+    host.state = dataclasses.replace(BEFORE_DISCOVERY, loop="ended")
+    assert await get(client, "/healthz") == (503, "host: ended\n")
 
 
 async def test_status_serves_the_document_of_the_current_snapshot(
@@ -186,7 +186,8 @@ async def test_status_serves_the_document_of_the_current_snapshot(
     host.stick("alpha", "devicehost_health")
     async with client.get("/status") as reply:
         doc = await reply.json()
-    assert (doc["ready"], doc["live"]) == (True, False)
+    assert (doc["ready"], doc["live"]) == (False, True)
+    assert "backend alpha: devicehost_health stuck past the hook timeout" in doc["problems"]
     assert doc["backends"]["alpha"] == {"status": "loaded", "stuck_hooks": ["devicehost_health"]}
     assert doc["resources"][WIDGET]["registered"] is True
     assert doc["resources"][WIDGET]["devices"] == 2
@@ -222,7 +223,8 @@ async def test_print_status_reads_the_served_document(
     assert await asyncio.to_thread(print_status, address) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "kubelet: /var/lib/kubelet/device-plugins/kubelet.sock (present)"
-    assert out[1] == "ready: yes   live: yes"
+    assert out[1] == "ready: no   live: yes"
+    assert out[2] == "  not ready: backend beta: not loaded: import failed"
     assert any(line.split() == ["beta", "failed", "import", "failed"] for line in out)
     assert any(line.split()[:3] == [WIDGET, "alpha", "registered"] for line in out)
 

@@ -45,6 +45,10 @@ RESTART_VALUES = {
     "socket_mode": 0o660,
     "log_format": "json",
     "log_level": "debug",
+    "device_release": False,
+    "pod_resources_socket": Path("/var/lib/k0s/kubelet/pod-resources/kubelet.sock"),
+    "pod_resources_interval": 5.0,
+    "preferred_allocation": {"example.com/widget": "numa-pack"},
 }
 
 

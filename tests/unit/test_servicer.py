@@ -228,10 +228,13 @@ async def test_allocate_maps_the_backend_answer_to_the_wire(short_tmp: Path) -> 
     plugin = plugin_with()
     plugin.allocate_answer = ContainerAllocation(
         envs={"WIDGETS": "w1,w2"},
-        mounts=[Mount("/etc/widget", "/var/lib/widget", read_only=True), Mount("/data", "/srv/data")],
+        mounts=[
+            Mount(container_path="/etc/widget", host_path="/var/lib/widget", read_only=True),
+            Mount(container_path="/data", host_path="/srv/data"),
+        ],
         devices=[
-            DeviceSpec("/dev/widget1", "/dev/null", "rwm"),
-            DeviceSpec("/dev/widget2", "/dev/zero", "r"),
+            DeviceSpec(container_path="/dev/widget1", host_path="/dev/null", permissions="rwm"),
+            DeviceSpec(container_path="/dev/widget2", host_path="/dev/zero", permissions="r"),
         ],
         annotations={"example.com/widgets": "2"},
         cdi_devices=["example.com/widget=w1", "example.com/widget=w2"],
@@ -380,17 +383,19 @@ def test_hook_status(exc: HookError, code: grpc.StatusCode) -> None:
             id="empty-annotation-key",
         ),
         pytest.param(
-            ContainerAllocation(mounts=[Mount("etc/widget", "/var/lib/widget")]),
+            ContainerAllocation(mounts=[Mount(container_path="etc/widget", host_path="/var/lib/widget")]),
             "mount path 'etc/widget' must be absolute",
             id="relative-mount-path",
         ),
         pytest.param(
-            ContainerAllocation(devices=[DeviceSpec("/dev/w0", "dev/w0")]),
+            ContainerAllocation(devices=[DeviceSpec(container_path="/dev/w0", host_path="dev/w0")]),
             "device path 'dev/w0' must be absolute",
             id="relative-device-path",
         ),
         pytest.param(
-            ContainerAllocation(devices=[DeviceSpec("/dev/w0", "/dev/w0", "rwx")]),
+            ContainerAllocation(
+                devices=[DeviceSpec(container_path="/dev/w0", host_path="/dev/w0", permissions="rwx")]
+            ),
             "device permissions 'rwx' must be made of r, w and m",
             id="bad-permissions",
         ),
@@ -410,7 +415,9 @@ def test_hook_status(exc: HookError, code: grpc.StatusCode) -> None:
             id="envs-not-a-mapping",
         ),
         pytest.param(
-            ContainerAllocation(mounts=[Mount("/etc/widget", "/var/lib/widget", read_only="yes")]),  # type: ignore[arg-type]
+            ContainerAllocation(
+                mounts=[Mount(container_path="/etc/widget", host_path="/var/lib/widget", read_only="yes")]
+            ),  # type: ignore[arg-type]
             "mount read_only must be a bool, got 'yes'",
             id="read-only-not-a-bool",
         ),

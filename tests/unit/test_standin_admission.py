@@ -66,10 +66,20 @@ def test_refusals_use_the_kubelet_wording() -> None:
 class Plugin(api_pb2_grpc.DevicePluginServicer):
     """A bare plugin that prefers the highest IDs and records every admission call."""
 
-    def __init__(self, ids: list[str], *, empty_allocate: bool = False, **options: bool) -> None:
+    def __init__(
+        self,
+        ids: list[str],
+        *,
+        empty_allocate: bool = False,
+        preferred_fails: bool = False,
+        pre_start_fails: bool = False,
+        **options: bool,
+    ) -> None:
         self.options = api_pb2.DevicePluginOptions(**options)
         self.devices = [api_pb2.Device(ID=i, health="Healthy") for i in ids]
         self.empty_allocate = empty_allocate
+        self.preferred_fails = preferred_fails
+        self.pre_start_fails = pre_start_fails
         self.calls: list[tuple[str, list[str]]] = []
 
     async def GetDevicePluginOptions(
@@ -88,6 +98,8 @@ class Plugin(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         container = request.container_requests[0]
         self.calls.append(("preferred", list(container.available_deviceIDs)))
+        if self.preferred_fails:
+            await context.abort(grpc.StatusCode.UNKNOWN, "preferred broke")
         best = sorted(container.available_deviceIDs, reverse=True)[: container.allocation_size]
         return api_pb2.PreferredAllocationResponse(
             container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=best)]
@@ -106,6 +118,8 @@ class Plugin(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreStartContainerRequest, context: Context
     ) -> api_pb2.PreStartContainerResponse:
         self.calls.append(("pre-start", list(request.devices_ids)))
+        if self.pre_start_fails:
+            await context.abort(grpc.StatusCode.UNKNOWN, "reset failed")
         return api_pb2.PreStartContainerResponse()
 
 
@@ -198,13 +212,41 @@ async def test_raw_allocate_ids_has_no_checks_and_no_bookkeeping(admitting: Admi
 
 
 async def test_a_disconnected_or_unknown_resource_is_not_admitted(admitting: Admitting) -> None:
-    with pytest.raises(AdmissionError, match="not registered or not connected"):
+    with pytest.raises(AdmissionError, match=f"^cannot allocate unregistered device {NAME}$"):
         await admitting.admission.allocate(NAME, 1, None, timeout=5)
     plugin = Plugin(["w0"])
     await admitting.connect(plugin)
     await admitting.registry.disconnect_all("kubelet restarted")
-    with pytest.raises(AdmissionError, match="not registered or not connected"):
+    # the real kubelet's text (tests/kubelet/test_host_process.py, after SIGTERM)
+    with pytest.raises(
+        AdmissionError, match=f"^no healthy devices present; cannot allocate unhealthy devices {NAME}$"
+    ):
         await admitting.admission.allocate(NAME, 1, None, timeout=5)
     with pytest.raises(AdmissionError, match="no plugin connection"):
         await admitting.admission.allocate_ids(NAME, ["w0"], timeout=5)
     assert plugin.calls == []
+
+
+async def test_a_failed_preferred_allocation_fails_admission_as_the_kubelet_says(
+    admitting: Admitting,
+) -> None:
+    """kubelet 1.32 (tests/kubelet/test_allocation.py): the pod is refused, nothing is allocated."""
+    plugin = Plugin(["w0", "w1"], get_preferred_allocation_available=True, preferred_fails=True)
+    await admitting.connect(plugin)
+    expected = "device plugin GetPreferredAllocation rpc failed with err: rpc error: code = Unknown desc = preferred broke"
+    with pytest.raises(AdmissionError) as failed:
+        await admitting.admission.allocate(NAME, 1, None, timeout=5)
+    assert str(failed.value) == expected
+    assert [call for call, _ in plugin.calls] == ["preferred"]
+    assert admitting.registry[NAME].allocated == set()
+
+
+async def test_a_failed_pre_start_keeps_the_devices_allocated(admitting: Admitting) -> None:
+    """kubelet 1.32 (tests/kubelet/test_allocation.py): Allocate succeeded, so the pod holds them."""
+    plugin = Plugin(["w0", "w1"], pre_start_required=True, pre_start_fails=True)
+    await admitting.connect(plugin)
+    with pytest.raises(grpc.aio.AioRpcError, match="reset failed"):
+        await admitting.admission.allocate(NAME, 1, None, timeout=5)
+    assert admitting.registry[NAME].allocated == {"w0"}
+    with pytest.raises(AdmissionError, match="Requested: 2, Available: 1"):
+        await admitting.admission.allocate(NAME, 2, None, timeout=5)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from devicehost.host.state import BackendState, HostState, KubeletState, ResourceState
+from devicehost.host.state import STARTING, BackendState, HostState, KubeletState, ResourceState
 
 WIDGET = "example.com/widget"
 GADGET = "example.com/gadget"
@@ -67,18 +67,12 @@ def test_ready_when_discovered_and_every_resource_registered(
 
 
 @pytest.mark.parametrize(
-    ("backends", "live", "stuck"),
+    ("backends", "stuck"),
     [
-        pytest.param((BackendState("alpha", True),), True, {}, id="nothing stuck"),
-        pytest.param(
-            (BackendState("alpha", False, reason="import failed"),),
-            True,
-            {},
-            id="failed backend is not stuck",
-        ),
+        pytest.param((BackendState("alpha", True),), {}, id="nothing stuck"),
+        pytest.param((BackendState("alpha", False, reason="import failed"),), {}, id="failed backend"),
         pytest.param(
             (BackendState("alpha", True, stuck_hooks=("devicehost_discover",)), BackendState("beta", True)),
-            False,
             {"alpha": ("devicehost_discover",)},
             id="one stuck hook",
         ),
@@ -87,32 +81,43 @@ def test_ready_when_discovered_and_every_resource_registered(
                 BackendState("alpha", True, stuck_hooks=("devicehost_discover", "devicehost_allocate")),
                 BackendState("beta", True, stuck_hooks=("devicehost_health",)),
             ),
-            False,
             {"alpha": ("devicehost_discover", "devicehost_allocate"), "beta": ("devicehost_health",)},
             id="stuck in two backends",
         ),
         pytest.param(
             (BackendState("alpha", True, hook_failures={"devicehost_discover": 3}),),
-            True,
             {},
             id="failed hooks are not stuck hooks",
         ),
     ],
 )
-def test_live_unless_a_hook_is_stuck(
-    backends: tuple[BackendState, ...], live: bool, stuck: dict[str, tuple[str, ...]]
+def test_no_backend_can_make_the_host_not_live(
+    backends: tuple[BackendState, ...], stuck: dict[str, tuple[str, ...]]
 ) -> None:
     state = host(resource(WIDGET), backends=backends)
-    assert state.live is live
+    assert state.live is True
     assert state.stuck == stuck
+    assert state.ready is (not stuck and all(b.loaded for b in backends))
 
 
-def test_liveness_and_readiness_are_independent() -> None:
-    stuck = (BackendState("alpha", True, stuck_hooks=("devicehost_discover",)),)
-    state = host(resource(WIDGET), backends=stuck)
-    assert (state.ready, state.live) == (True, False)
-    state = host(resource(WIDGET, registered=False))
+def test_a_backend_in_trouble_is_named_in_the_problems() -> None:
+    backends = (
+        BackendState("alpha", True, stuck_hooks=("devicehost_allocate",)),
+        BackendState("beta", False, reason="settings refused: numa_nodes must be positive"),
+    )
+    state = host(resource(WIDGET, registered=False), backends=backends)
+    assert state.problems == (
+        "backend alpha: devicehost_allocate stuck past the hook timeout",
+        "backend beta: not loaded: settings refused: numa_nodes must be positive",
+        f"resource {WIDGET} (backend alpha): not registered and streaming",
+    )
     assert (state.ready, state.live) == (False, True)
+
+
+def test_live_is_the_host_loop_alone() -> None:
+    assert (STARTING.live, STARTING.ready, STARTING.problems) == (True, False, ("host: starting",))
+    ended = dataclasses.replace(host(resource(WIDGET)), loop="ended")
+    assert (ended.live, ended.ready) == (False, False)
 
 
 def test_resource_finds_a_served_resource_by_name() -> None:

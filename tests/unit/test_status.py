@@ -8,7 +8,7 @@ import json
 import pytest
 
 from devicehost.host.ops.status import document
-from devicehost.host.state import BackendState, HostState, KubeletState, ResourceState
+from devicehost.host.state import BackendState, Holder, HostState, KubeletState, ResourceState
 
 WIDGET = "example.com/widget"
 GADGET = "example.com/gadget"
@@ -27,6 +27,9 @@ def widget(*, registered: bool = True) -> ResourceState:
         updates_sent=6,
         allocations=5,
         errors={"INVALID_ARGUMENT": 1},
+        holders={"widget-1": Holder("team-a", "trainer-0", "main")},
+        releases=2,
+        releasing=("widget-3",),
     )
 
 
@@ -50,12 +53,18 @@ BETA = BackendState("beta", False, reason="import failed: No module named 'beta_
 GAMMA = BackendState("gamma", True)
 
 
-def state(*, resources: tuple[ResourceState, ...] | None = None, discoveries: int = 1) -> HostState:
+def state(
+    *,
+    resources: tuple[ResourceState, ...] | None = None,
+    discoveries: int = 1,
+    backends: tuple[BackendState, ...] = (BETA, ALPHA, GAMMA),
+) -> HostState:
     return HostState(
         kubelet=KubeletState(KUBELET_SOCK, True),
-        backends=(BETA, ALPHA, GAMMA),
+        backends=backends,
         resources=(widget(), GADGET_STATE) if resources is None else resources,
         discoveries=discoveries,
+        device_release="on",
     )
 
 
@@ -77,6 +86,10 @@ def test_document_has_todays_shape() -> None:
                 "healthy": 0,
                 "registrations": 1,
                 "allocations": 0,
+                "holders": {},
+                "releases": 0,
+                "releasing": [],
+                "failed_tries": 0,
             },
             WIDGET: {
                 "backend": "alpha",
@@ -87,10 +100,19 @@ def test_document_has_todays_shape() -> None:
                 "healthy": 3,
                 "registrations": 3,
                 "allocations": 5,
+                "holders": {"widget-1": "team-a/trainer-0/main"},
+                "releases": 2,
+                "releasing": ["widget-3"],
+                "failed_tries": 0,
             },
         },
-        "ready": True,
-        "live": False,
+        "device_release": "on",
+        "ready": False,
+        "live": True,
+        "problems": [
+            "backend beta: not loaded: import failed: No module named 'beta_sdk'",
+            "backend alpha: devicehost_health stuck past the hook timeout",
+        ],
     }
 
 
@@ -108,20 +130,25 @@ def test_document_is_json() -> None:
 @pytest.mark.parametrize(
     ("host", "ready"),
     [
-        pytest.param(state(), True, id="all registered"),
+        pytest.param(state(backends=(GAMMA,)), True, id="all registered"),
+        pytest.param(state(), False, id="a backend failed, another is stuck"),
         pytest.param(state(resources=(widget(registered=False), GADGET_STATE)), False, id="one waiting"),
         pytest.param(state(resources=(), discoveries=0), False, id="no discovery yet"),
-        pytest.param(state(resources=(), discoveries=1), True, id="discovered, nothing to serve"),
+        pytest.param(
+            state(resources=(), discoveries=1, backends=(GAMMA,)), True, id="discovered, nothing to serve"
+        ),
     ],
 )
 def test_ready_is_the_snapshots_own(host: HostState, ready: bool) -> None:
     assert document(host)["ready"] is ready is host.ready
 
 
-def test_live_is_the_snapshots_own() -> None:
+def test_live_is_the_snapshots_own_and_no_backend_changes_it() -> None:
     unstuck = dataclasses.replace(state(), backends=(BETA, GAMMA))
     assert document(unstuck)["live"] is True is unstuck.live
-    assert document(state())["live"] is False is state().live
+    assert document(state())["live"] is True is state().live  # alpha has a stuck hook
+    ended = dataclasses.replace(state(), loop="ended")
+    assert document(ended)["live"] is False is ended.live
 
 
 def test_kubelet_absent() -> None:

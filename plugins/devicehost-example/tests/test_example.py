@@ -65,11 +65,12 @@ def test_env_var_sets_resources_unless_the_settings_do(monkeypatch: pytest.Monke
 @pytest.mark.parametrize(
     ("settings", "field"),
     [
-        ({"resources": {WIDGET: -1}}, "settings.resources"),
-        ({"resources": ["example.com/widget"]}, "settings.resources"),
-        ({"numa_nodes": 0}, "settings.numa_nodes"),
-        ({"cdi": "yes"}, "settings.cdi "),
-        ({"cdi": True, "cdi_dir": "run/cdi"}, "settings.cdi_dir"),
+        ({"resources": {WIDGET: -1}}, r"resources\.\W?example\.com/widget\W?\n.*greater than or equal to 0"),
+        ({"resources": ["example.com/widget"]}, r"resources\n.*valid dictionary"),
+        ({"numa_nodes": 0}, r"numa_nodes\n.*greater than 0"),
+        ({"cdi": "yes"}, r"cdi\n.*valid boolean"),
+        ({"cdi": True, "cdi_dir": "run/cdi"}, r"cdi_dir\n.*must be an absolute path"),
+        ({"resourcez": {WIDGET: 2}}, r"resourcez\n.*Extra inputs are not permitted"),
     ],
 )
 def test_bad_settings_name_the_field_and_keep_the_previous_ones(settings: dict[str, Any], field: str) -> None:
@@ -84,10 +85,10 @@ def test_allocate_without_cdi_gives_env_mount_and_device_nodes() -> None:
     allocation = configured().devicehost_allocate(WIDGET, ("widget-0", "widget-2"))
     assert rules.allocation_problem(allocation) is None
     assert allocation.envs == {"EXAMPLE_WIDGETS": "widget-0,widget-2"}
-    assert list(allocation.mounts) == [Mount("/etc/example", "/etc", read_only=True)]
+    assert list(allocation.mounts) == [Mount(container_path="/etc/example", host_path="/etc", read_only=True)]
     assert list(allocation.devices) == [
-        DeviceSpec("/dev/widget-0", "/dev/null"),
-        DeviceSpec("/dev/widget-2", "/dev/null"),
+        DeviceSpec(container_path="/dev/widget-0", host_path="/dev/null"),
+        DeviceSpec(container_path="/dev/widget-2", host_path="/dev/null"),
     ]
     assert list(allocation.cdi_devices) == []
 
@@ -156,3 +157,34 @@ def test_entry_point_loads_and_hooks_match_the_spec(tmp_path: Path) -> None:
     manager.hook.devicehost_start(resource=WIDGET, notifier=NullNotifier())
     allocation = manager.hook.devicehost_allocate(resource=WIDGET, device_ids=("widget-1",))
     assert list(allocation.cdi_devices) == [f"{WIDGET}=widget-1"]
+
+
+def test_release_scrubs_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    backend = configured()
+    with caplog.at_level("INFO", logger="devicehost_example"):
+        backend.devicehost_release(WIDGET, ("widget-0", "widget-2"))
+    assert backend.scrubbed == [(WIDGET, ("widget-0", "widget-2"))]
+    assert "scrubbed example.com/widget widgets widget-0, widget-2" in caplog.text
+
+
+def test_declares_a_settings_model_the_host_checks_before_configure() -> None:
+    """The host validates ``backends.example`` with the model, then hands over the instance."""
+    import asyncio
+
+    from devicehost.host.backends.backend import Backend, SettingsRefused
+    from devicehost_example import ExampleSettings
+
+    plugin = ExampleBackend()
+    backend = Backend("example", plugin, hook_timeout=5)
+    assert backend.settings_model is ExampleSettings
+    asyncio.run(backend.configure({"resources": {WIDGET: 2}, "numa_nodes": 2}))
+    assert [d.numa_nodes for d in plugin.devicehost_discover()[0].devices] == [(0,), (1,)]
+    with pytest.raises(SettingsRefused) as refused:
+        asyncio.run(backend.configure({"resourcez": {WIDGET: 2}, "numa_nodes": "two"}))
+    assert refused.value.problems == (
+        "backends.example.numa_nodes: Input should be a valid integer, "
+        "unable to parse string as an integer (got 'two')",
+        "backends.example.resourcez: unknown key, did you mean 'resources'?",
+    )
+    assert len(plugin.devicehost_discover()[0].devices) == 2  # refused: the previous settings stay
+    backend.close()

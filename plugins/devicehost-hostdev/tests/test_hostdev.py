@@ -198,7 +198,7 @@ def test_each_glob_match_is_its_own_device(tmp_path: Path) -> None:
     backend = backend_for(tmp_path, one_group(SERIAL, paths=[{"path": "/dev/ttyUSB*"}]))
     assert discovered(backend)[SERIAL] == (Device("ttyUSB0"), Device("ttyUSB1"))
     assert backend.devicehost_allocate(SERIAL, ("ttyUSB1",)).devices == [
-        DeviceSpec("/dev/ttyUSB1", "/dev/ttyUSB1", "rw")
+        DeviceSpec(container_path="/dev/ttyUSB1", host_path="/dev/ttyUSB1", permissions="rw")
     ]
 
 
@@ -257,10 +257,10 @@ def test_count_shares_one_device_between_containers(tmp_path: Path) -> None:
     assert ids(backend, "example.com/fuse") == ["fuse-0", "fuse-1", "fuse-2"]
     for replica in ("fuse-0", "fuse-2"):
         assert backend.devicehost_allocate("example.com/fuse", (replica,)).devices == [
-            DeviceSpec("/dev/fuse", "/dev/fuse", "rw")
+            DeviceSpec(container_path="/dev/fuse", host_path="/dev/fuse", permissions="rw")
         ]
     both = backend.devicehost_allocate("example.com/fuse", ("fuse-0", "fuse-1"))
-    assert both.devices == [DeviceSpec("/dev/fuse", "/dev/fuse", "rw")]
+    assert both.devices == [DeviceSpec(container_path="/dev/fuse", host_path="/dev/fuse", permissions="rw")]
 
 
 def test_usb_devices_match_by_vendor_and_product(tmp_path: Path) -> None:
@@ -273,7 +273,7 @@ def test_usb_devices_match_by_vendor_and_product(tmp_path: Path) -> None:
     )
     assert ids(backend, "example.com/ftdi") == ["usb_1-1", "usb_2-1.4"]
     assert backend.devicehost_allocate("example.com/ftdi", ("usb_2-1.4",)).devices == [
-        DeviceSpec("/dev/bus/usb/002/011", "/dev/bus/usb/002/011", "rw")
+        DeviceSpec(container_path="/dev/bus/usb/002/011", host_path="/dev/bus/usb/002/011", permissions="rw")
     ]
 
 
@@ -285,7 +285,7 @@ def test_usb_serial_and_case_of_hex_ids(tmp_path: Path) -> None:
     backend = backend_for(tmp_path, one_group("example.com/cp210x", usb=usb))
     assert ids(backend, "example.com/cp210x") == ["usb_1-1"]
     assert backend.devicehost_allocate("example.com/cp210x", ("usb_1-1",)).devices == [
-        DeviceSpec("/dev/bus/usb/001/002", "/dev/bus/usb/001/002", "r")
+        DeviceSpec(container_path="/dev/bus/usb/001/002", host_path="/dev/bus/usb/001/002", permissions="r")
     ]
 
 
@@ -378,10 +378,10 @@ def test_allocate_gives_device_specs_and_mounts_without_the_root(tmp_path: Path)
     allocation = backend.devicehost_allocate("example.com/tun", ("net_tun",))
     assert allocation == ContainerAllocation(
         devices=[
-            DeviceSpec("/dev/net/tun", "/dev/net/tun", "rwm"),
-            DeviceSpec("/dev/vhost", "/dev/vhost-net", "r"),
+            DeviceSpec(container_path="/dev/net/tun", host_path="/dev/net/tun", permissions="rwm"),
+            DeviceSpec(container_path="/dev/vhost", host_path="/dev/vhost-net", permissions="r"),
         ],
-        mounts=[Mount("/run/foo", "/run/foo", read_only=True)],
+        mounts=[Mount(container_path="/run/foo", host_path="/run/foo", read_only=True)],
     )
     assert rules.allocation_problem(allocation) is None
 
@@ -410,7 +410,7 @@ def test_allocate_refuses_two_files_at_one_container_path(tmp_path: Path) -> Non
         tmp_path, one_group(SERIAL, paths=[{"path": "/dev/ttyUSB*", "container_path": "/dev/ttyS0"}])
     )
     assert backend.devicehost_allocate(SERIAL, ("ttyUSB1",)).devices == [
-        DeviceSpec("/dev/ttyS0", "/dev/ttyUSB1", "rw")
+        DeviceSpec(container_path="/dev/ttyS0", host_path="/dev/ttyUSB1", permissions="rw")
     ]
     with pytest.raises(ValueError, match="/dev/ttyUSB0 and /dev/ttyUSB1 both go to /dev/ttyS0"):
         backend.devicehost_allocate(SERIAL, ("ttyUSB0", "ttyUSB1"))
@@ -479,7 +479,9 @@ def test_entry_point_loads_and_hooks_match_the_spec(tmp_path: Path) -> None:
     [resource] = manager.hook.devicehost_discover()
     assert resource.devices == (Device("fuse"),)
     allocation = manager.hook.devicehost_allocate(resource="example.com/fuse", device_ids=("fuse",))
-    assert allocation.devices == [DeviceSpec("/dev/fuse", "/dev/fuse", "rw")]
+    assert allocation.devices == [
+        DeviceSpec(container_path="/dev/fuse", host_path="/dev/fuse", permissions="rw")
+    ]
 
 
 def test_no_start_or_stop_hook_changes_are_found_by_scanning(tmp_path: Path) -> None:

@@ -540,3 +540,23 @@ def test_custom_resource_name_is_served(make: Make) -> None:
     assert resource.name == "example.com/shared-gpu"
     with pytest.raises(ValueError, match=r"does not serve 'nvidia\.com/gpu'"):
         backend.devicehost_allocate(RESOURCE, (resource.devices[0].id,))
+
+
+def test_release_scrubs_whole_gpus_through_nvml(make: Make) -> None:
+    backend, nvml = make()
+    device_ids = ids(backend)
+    backend.devicehost_release(RESOURCE, tuple(device_ids))
+    assert nvml.scrubbed == [nvml.gpus()[0].uuid, nvml.gpus()[1].uuid]
+
+
+def test_release_leaves_time_sliced_gpus_alone(make: Make) -> None:
+    backend, nvml = make(replicas=2)
+    backend.devicehost_release(RESOURCE, tuple(ids(backend)[:1]))
+    assert nvml.scrubbed == []
+
+
+def test_release_of_a_lost_gpu_raises(make: Make) -> None:
+    backend, nvml = make()
+    nvml.set_lost(nvml.gpus()[0].uuid)
+    with pytest.raises(Exception, match="lost"):
+        backend.devicehost_release(RESOURCE, tuple(ids(backend)[:1]))

@@ -9,7 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from devicehost.hookspecs.types import ContainerAllocation, Device, DeviceSpec, Mount, Resource
+from devicehost.hookspecs.types import (
+    ContainerAllocation,
+    Device,
+    DeviceSpec,
+    Mount,
+    Resource,
+    health_value_problem,
+)
 
 MAX_DEVICE_ID_LENGTH = 63
 MAX_DOMAIN_LENGTH = 253 - len("requests.")
@@ -154,6 +161,51 @@ def discovery_problem(answer: object) -> str | None:
             isinstance(d, Device) for d in resource.devices
         ):
             return f"{resource.name}: devices must be devicehost.Device, got {resource.devices!r:.200}"
+    return None
+
+
+def devices_problem(devices: object) -> str | None:
+    """A device list: devicehost.Device items with valid, unique IDs, a Health and NUMA node numbers.
+
+    The sentence names the first device that breaks a rule.
+    """
+    if not isinstance(devices, (list, tuple)):
+        return f"devices must be a sequence of devicehost.Device, got {devices!r:.200}"
+    for device in devices:
+        if not isinstance(device, Device):
+            return f"devices must be devicehost.Device, got {device!r:.200}"
+        problem = device_problem(device)
+        if problem:
+            return problem
+    return device_ids_problem(d.id for d in devices)
+
+
+def device_problem(device: Device) -> str | None:
+    """One device: a valid ID, a :class:`Health` member, NUMA nodes as non-negative ints."""
+    problem = device_ids_problem([device.id])
+    if problem:
+        return problem
+    problem = health_value_problem(device.health)
+    if problem:
+        return f"device {device.id!r}: {problem}"
+    nodes = device.numa_nodes
+    if not isinstance(nodes, (list, tuple)) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in nodes
+    ):
+        return f"device {device.id!r}: numa_nodes {nodes!r:.100} must be a sequence of non-negative ints"
+    return None
+
+
+def health_problem(health: object) -> str | None:
+    """A health update: a mapping of device ID (a string) to a :class:`Health` member."""
+    if not isinstance(health, Mapping):
+        return f"must be a mapping of device ID to devicehost.Health, got {health!r:.200}"
+    for device_id, value in health.items():
+        if not isinstance(device_id, str):
+            return f"device ID {device_id!r:.100} must be a string"
+        problem = health_value_problem(value)
+        if problem:
+            return f"device {device_id!r}: {problem}"
     return None
 
 

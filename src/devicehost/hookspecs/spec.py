@@ -12,7 +12,7 @@ take any subset of a hook's arguments.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -25,21 +25,39 @@ from devicehost.hookspecs.types import (
     ResourceNotifier,
 )
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 PROJECT_NAME = "devicehost"
 _hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 
 REQUIRED_HOOKS = ("devicehost_discover", "devicehost_allocate")
+TEST_HOOKS = ("devicehost_conformance_set_health",)
+"""Hooks only the test kit calls; the host never does."""
+
+
+@_hookspec(firstresult=True)
+def devicehost_settings_model() -> type[BaseModel] | None:
+    """Return the pydantic model of this backend's settings (optional).
+
+    Called once, when the backend loads. The host then validates ``backends.<name>`` with it
+    before every ``devicehost_configure`` (and in ``devicehost config check``): a wrong type or an
+    unknown key (also when the model does not forbid extra keys) is refused with its key path,
+    and ``devicehost_configure`` receives the validated model instance instead of the mapping.
+    """
 
 
 @_hookspec
-def devicehost_configure(settings: Mapping[str, Any]) -> None:
+def devicehost_configure(settings: Mapping[str, Any] | BaseModel) -> None:
     """Receive this backend's settings, before the first discovery and again on every reload.
 
     Raise ``ValueError`` with a message naming the setting when they are invalid: the backend
     then keeps its previous settings (or, at start, is not loaded).
 
-    :param settings: the mapping under ``backends.<name>`` in the host config file,
-        empty when there is none.
+    :param settings: the mapping under ``backends.<name>`` in the host config file, empty when
+        there is none; an instance of the backend's settings model when it declares one
+        (``devicehost_settings_model``). It may be called as a dry run (``devicehost config
+        check``, and ``devicehost run`` before it serves): keep no resources from it.
     """
 
 
@@ -124,4 +142,32 @@ def devicehost_pre_start_container(resource: str, device_ids: tuple[str, ...]) -
 
     :param resource: the extended resource name.
     :param device_ids: the IDs allocated to the container.
+    """
+
+
+@_hookspec
+def devicehost_release(resource: str, device_ids: tuple[str, ...]) -> None:
+    """Scrub devices the kubelet no longer assigns to any running container (wipe memory, reset).
+
+    Optional: the host learns of releases from the kubelet's pod-resources API and calls this
+    once per device set a container held, never for devices the kubelet still assigns. The
+    devices are advertised Unhealthy until it returns, then get their health back.
+
+    :param resource: the extended resource name.
+    :param device_ids: the IDs one container held, now free.
+    """
+
+
+@_hookspec
+def devicehost_conformance_set_health(resource: str, device_id: str, health: Health) -> None:
+    """A test seam the host never calls: make one device turn ``health`` as a real fault would.
+
+    Optional. Implementing it declares that the backend's health goes both ways: the
+    conformance suite calls it to make a device Unhealthy and then Healthy again, and expects
+    the kubelet to see both (through the notifier or ``devicehost_health``). Make it act the
+    way a real fault and recovery would (inject an event into a fake driver, say).
+
+    :param resource: the extended resource name.
+    :param device_id: one of its devices.
+    :param health: the health the device must turn.
     """

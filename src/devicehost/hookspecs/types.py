@@ -6,10 +6,15 @@ and from the v1beta1 wire messages.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
+import functools
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+_T = TypeVar("_T")
 
 
 class Health(enum.StrEnum):
@@ -19,6 +24,44 @@ class Health(enum.StrEnum):
     UNHEALTHY = "Unhealthy"
 
 
+def keyword_only(cls: type[_T]) -> type[_T]:
+    """Let a ``kw_only`` dataclass still take its fields by position, with a DeprecationWarning.
+
+    Positional construction of the path pairs misleads (``devicehost.Mount`` and ``cdi.Mount``
+    used to take their two paths in opposite orders); it keeps working for one release.
+    """
+    init: Callable[..., None] = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+    @functools.wraps(init)
+    def __init__(self: _T, *args: Any, **kwargs: Any) -> None:
+        if args:
+            if len(args) > len(names):
+                raise TypeError(f"{cls.__name__}() takes at most {len(names)} arguments, got {len(args)}")
+            spelled = ", ".join(f"{name}=..." for name in names[: len(args)])
+            warnings.warn(
+                f"{cls.__module__}.{cls.__qualname__}: positional arguments are deprecated and will be"
+                f" refused in the next release; pass {spelled}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            for name, value in zip(names, args, strict=False):
+                if name in kwargs:
+                    raise TypeError(f"{cls.__name__}() got multiple values for argument {name!r}")
+                kwargs[name] = value
+        init(self, **kwargs)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010  (mypy refuses assigning a method)
+    return cls
+
+
+def health_value_problem(health: object) -> str | None:
+    """``None`` for a :class:`Health`; else one phrase quoting the value (the one health check)."""
+    if isinstance(health, Health):
+        return None
+    return f"health {health!r:.100} is not a devicehost.Health"
+
+
 @dataclass(frozen=True)
 class Device:
     """One allocatable device of a resource.
@@ -26,11 +69,33 @@ class Device:
     :param id: unique within its resource, at most 63 characters.
     :param health: healthy devices count towards the node's allocatable capacity.
     :param numa_nodes: the NUMA nodes the device is attached to, for topology-aware admission.
+    :param group: the physical device this one is a replica or slice of (time-slicing, MIG),
+        for allocation policies that spread across physical devices; None: its own.
     """
 
     id: str
     health: Health = Health.HEALTHY
     numa_nodes: tuple[int, ...] = ()
+    group: str | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        """Refuse a health that is not a :class:`Health`, quoting it.
+
+        The plain strings ``"Healthy"`` and ``"Unhealthy"`` are still taken for one release,
+        with a DeprecationWarning.
+        """
+        legacy = isinstance(self.health, str) and not isinstance(self.health, Health)
+        if legacy and self.health in {h.value for h in Health}:
+            warnings.warn(
+                f"device {self.id!r}: health {self.health!r} as a plain string is deprecated;"
+                f" pass devicehost.Health({self.health!r})",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "health", Health(self.health))
+        problem = health_value_problem(self.health)
+        if problem:
+            raise ValueError(f"device {self.id!r}: {problem} (Health.HEALTHY or Health.UNHEALTHY)")
 
 
 @dataclass(frozen=True)
@@ -45,10 +110,22 @@ class Resource:
     name: str
     devices: tuple[Device, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Refuse devices that are not :class:`Device`, naming the first; a list becomes a tuple."""
+        if not isinstance(self.devices, (list, tuple)):
+            raise TypeError(
+                f"resource {self.name!r}: devices must be a tuple of devicehost.Device, got {self.devices!r:.200}"
+            )
+        for device in self.devices:
+            if not isinstance(device, Device):
+                raise TypeError(f"resource {self.name!r}: {device!r:.200} is not a devicehost.Device")
+        object.__setattr__(self, "devices", tuple(self.devices))
 
-@dataclass(frozen=True)
+
+@keyword_only
+@dataclass(frozen=True, kw_only=True)
 class Mount:
-    """A host path bind-mounted into the container.
+    """A host path bind-mounted into the container: ``Mount(container_path=..., host_path=...)``.
 
     :param container_path: absolute path inside the container.
     :param host_path: absolute path on the node.
@@ -60,9 +137,10 @@ class Mount:
     read_only: bool = False
 
 
-@dataclass(frozen=True)
+@keyword_only
+@dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
-    """A device node made available in the container.
+    """A device node made available in the container: ``DeviceSpec(container_path=..., host_path=...)``.
 
     :param container_path: absolute path inside the container.
     :param host_path: absolute path of the device node on the node.

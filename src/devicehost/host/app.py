@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import structlog
 
@@ -29,9 +31,13 @@ from devicehost.host.config_watch import watch_config_file
 from devicehost.host.daemon import Host
 from devicehost.host.kubelet.client import KubeletClient
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
-from devicehost.host.ops.metrics import HostMetrics
+from devicehost.host.logs import drain_native_stderr
 from devicehost.host.serving.mode import for_mode
-from devicehost.host.sockets import remove_stale
+from devicehost.host.sockets import remove_stale, take_early_listener
+from devicehost.host.state import STARTING, HostState
+
+if TYPE_CHECKING:
+    from devicehost.host.ops.metrics import HostMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -50,28 +56,39 @@ async def running(
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
 ) -> AsyncIterator[Host]:
-    """A host serving ``backends`` with everything around it, until the block ends."""
-    _remove_stale_sockets(config)
-    cdi.set_default_dir(config.cdi_dir)
-    watch = KubeletSocketWatch(config.device_plugins_dir)
+    """A host serving ``backends`` with everything around it, until the block ends.
+
+    The probe endpoints start first, answering live but not ready until the host runs.
+    """
+    host: Host | None = None
+
+    def snapshot() -> HostState:
+        return STARTING if host is None else host.snapshot()
+
+    metrics = _metrics() if config.metrics_address else None
     async with contextlib.AsyncExitStack() as stack:
+        if metrics is not None:
+            metrics.watch(snapshot)
+            await _serve_probes(stack, snapshot, metrics, config.metrics_address)
+        _remove_stale_sockets(config)
+        cdi.set_default_dir(config.cdi_dir)
+        watch = KubeletSocketWatch(config.device_plugins_dir)
         client = KubeletClient(watch, config.register_timeout)
         stack.push_async_callback(client.close)
         registration = for_mode(
             config.registration_mode, config.device_plugins_dir, config.plugins_registry_dir, watch, client
         )
-        metrics = HostMetrics()
         host = Host(
             config,
             BackendSet(backends, failed_backends),
             registration,
-            observe_allocation=metrics.observer,
+            observe_allocation=None if metrics is None else metrics.observer,
             reload_config=reload_config,
         )
-        metrics.watch(host.snapshot)
-        if config.metrics_address:
-            await _serve_probes(stack, host, metrics, config.metrics_address)
         await stack.enter_async_context(_helper(watch.run(), "kubelet socket watch"))
+        if host.release is not None:  # the checkpoint file's changes are its trigger to look
+            watch.subscribe(host.release.poke)
+            await stack.enter_async_context(_helper(host.release.run(), "pod-resources watch"))
         if config_file is not None and reload_config is not None:
             follow = watch_config_file(config_file, host.request_reload)
             await stack.enter_async_context(_helper(follow, "config file watch"))
@@ -90,11 +107,14 @@ async def run_host(
     failed_backends: Mapping[str, str] | None = None,
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
+    on_start: Callable[[Host], None] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (a second signal exits at once with status 1); SIGHUP reloads.
 
-    Returns after every resource is withdrawn and every helper stopped.
+    ``on_start`` sees the host before it serves. Returns after every resource is withdrawn and
+    every helper stopped, having logged one ``stopped`` line that sums up the run.
     """
+    started = time.monotonic()
     async with running(
         config,
         backends,
@@ -102,8 +122,24 @@ async def run_host(
         reload_config=reload_config,
         config_file=config_file,
     ) as host:
+        if on_start is not None:
+            on_start(host)
         install_signal_handlers(host, lambda: exit_now(EXIT_FORCED))
         await host.stopping.wait()
+    log.info("stopped", **stop_summary(host.final_state, time.monotonic() - started))
+
+
+def stop_summary(state: HostState | None, seconds: float) -> dict[str, object]:
+    """What the closing ``stopped`` line says about the run: what was served, and for how long."""
+    resources = state.resources if state is not None else ()
+    return {
+        "uptime_s": round(seconds, 1),
+        "backends": [b.name for b in state.backends if b.loaded] if state is not None else [],
+        "resources": len(resources),
+        "devices": sum(r.device_count for r in resources),
+        "registrations": sum(r.registration_count for r in resources),
+        "allocations": sum(r.allocations for r in resources),
+    }
 
 
 def run_process(serve: Callable[[], Awaitable[None]]) -> NoReturn:
@@ -113,6 +149,7 @@ def run_process(serve: Callable[[], Awaitable[None]]) -> NoReturn:
         await serve()
         exit_now(EXIT_OK)  # from inside the loop: asyncio.run's teardown would wait on stray threads
 
+    gc.freeze()  # what the imports built lives as long as the process: no collection walks it again
     asyncio.run(serve_then_leave())
     raise AssertionError("exit_now returned")  # pragma: no cover - exit_now never returns
 
@@ -126,6 +163,9 @@ def exit_now(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader that went away loses the tail
             stream.flush()
+    drain_native_stderr()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
     os._exit(code)
 
 
@@ -153,13 +193,20 @@ def _remove_stale_sockets(config: HostConfig) -> None:
         log.info("removed stale sockets of an earlier host", sockets=removed)
 
 
+def _metrics() -> HostMetrics:
+    """The metrics registry, only when something serves it (prometheus_client is imported here)."""
+    from devicehost.host.ops.metrics import HostMetrics
+
+    return HostMetrics()
+
+
 async def _serve_probes(
-    stack: contextlib.AsyncExitStack, host: Host, metrics: HostMetrics, address: str
+    stack: contextlib.AsyncExitStack, snapshot: Callable[[], HostState], metrics: HostMetrics, address: str
 ) -> None:
     """Serve /metrics, /healthz, /readyz and /status (aiohttp is imported only when asked for)."""
     from devicehost.host.ops.probes import ProbeServer
 
-    probes = ProbeServer(host.snapshot, metrics, address)
+    probes = ProbeServer(snapshot, metrics, address, take_early_listener(address))
     await probes.start()
     stack.push_async_callback(probes.stop)
     log.info("serving metrics and probes", address=address)

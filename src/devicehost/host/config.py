@@ -1,17 +1,22 @@
 """The host's configuration: defaults < config file < environment < command line.
 
-Every source is merged into one mapping and validated once by :class:`HostConfig`, so an
-unknown key or a wrong type gets the same message wherever it came from.
+:class:`HostConfig` is the one definition of every setting. Its fields make the config-file
+keys; :func:`settings` derives each key's environment variable (``DEVICEHOST_<KEY>``) and
+command-line flag (``--<key>``) from them, so the three cannot drift. Every source is merged into
+one mapping and validated once, so an unknown key or a wrong type gets the same message wherever
+it came from, with the nearest valid key suggested.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,25 +31,9 @@ from devicehost.cdi import DEFAULT_CDI_DIR
 
 DEFAULT_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 ENV_CONFIG = "DEVICEHOST_CONFIG"
-
-# Environment variable -> config key. Lists are comma-separated.
-ENV_KEYS: dict[str, str] = {
-    "DEVICEHOST_DEVICE_PLUGINS_DIR": "device_plugins_dir",
-    "DEVICEHOST_ALLOW_SYMLINKED_DIRS": "allow_symlinked_dirs",
-    "DEVICEHOST_PLUGINS_REGISTRY_DIR": "plugins_registry_dir",
-    "DEVICEHOST_REGISTRATION_MODE": "registration_mode",
-    "DEVICEHOST_METRICS_ADDRESS": "metrics_address",
-    "DEVICEHOST_CDI_DIR": "cdi_dir",
-    "DEVICEHOST_BACKENDS": "enabled_backends",
-    "DEVICEHOST_DISABLED_BACKENDS": "disabled_backends",
-    "DEVICEHOST_REDISCOVER_INTERVAL": "rediscover_interval",
-    "DEVICEHOST_HEALTH_INTERVAL": "health_interval",
-    "DEVICEHOST_HOOK_TIMEOUT": "hook_timeout",
-    "DEVICEHOST_LOG_FORMAT": "log_format",
-    "DEVICEHOST_LOG_LEVEL": "log_level",
-}
-LIST_KEYS = frozenset({"enabled_backends", "disabled_backends"})
+ENV_PREFIX = "DEVICEHOST_"
 
 
 class ConfigError(ValueError):
@@ -72,11 +61,18 @@ class HostConfig(BaseModel):
         "auto: watcher when the kubelet wrote DEPRECATION in the device-plugins dir",
     )
     enabled_backends: tuple[str, ...] = Field(
-        (), description="load only these backends, in this order; empty loads every installed one"
+        (),
+        description="load only these backends, in this order; empty loads every installed one",
+        json_schema_extra={"flag": "--backend", "env": "DEVICEHOST_BACKENDS"},
     )
-    disabled_backends: tuple[str, ...] = Field((), description="never load these backends")
+    disabled_backends: tuple[str, ...] = Field(
+        (), description="never load these backends", json_schema_extra={"flag": "--disable"}
+    )
     backends: dict[str, dict[str, Any]] = Field(
-        {}, description="per-backend settings, handed to that backend's devicehost_configure"
+        {},
+        description="per-backend settings (backend name -> mapping), checked by that backend's "
+        "settings model and handed to its devicehost_configure",
+        json_schema_extra={"flag": "--backend-settings", "env": "DEVICEHOST_BACKEND_SETTINGS"},
     )
     rediscover_interval: PositiveFloat = Field(10.0, description="seconds between discoveries")
     health_interval: PositiveFloat = Field(5.0, description="seconds between health polls")
@@ -85,16 +81,46 @@ class HostConfig(BaseModel):
         5.0, description="seconds a Register call to the kubelet may take"
     )
     socket_mode: int = Field(
-        0o600, description="permission bits of the resource sockets (octal in YAML: 0o600)"
+        0o600,
+        description="permission bits of the resource sockets; a string is octal ('0660', '660', "
+        "'0o660'), a bare YAML number over 0o777 such as 660 is refused",
+        json_schema_extra={"metavar": "OCTAL"},
     )
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="json off a terminal, console on one, when auto"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")
     metrics_address: str = Field(
-        "", description="HOST:PORT serving /metrics, /healthz, /readyz and /status; empty: off"
+        "",
+        description="HOST:PORT serving /metrics, /healthz, /readyz and /status; empty: off",
+        json_schema_extra={"metavar": "HOST:PORT"},
     )
     cdi_dir: Path = Field(DEFAULT_CDI_DIR, description="where backends write CDI specs (devicehost.cdi)")
+    device_release: bool = Field(
+        True,
+        description="follow the kubelet's pod-resources API and call devicehost_release for devices "
+        "no running container holds any more; off when false or while the socket is missing",
+    )
+    pod_resources_socket: Path = Field(
+        DEFAULT_POD_RESOURCES_SOCKET,
+        description="the kubelet's pod-resources socket (k0s, microk8s and custom kubelet roots differ)",
+        json_schema_extra={"metavar": "PATH"},
+    )
+    pod_resources_interval: PositiveFloat = Field(
+        30.0,
+        description="seconds between pod-resources looks when the kubelet's checkpoint file did not change",
+    )
+    preferred_allocation: dict[str, Literal["numa-pack", "spread", "replica-spread", "none"]] = Field(
+        {},
+        description="per resource name, the devicehost.policies policy that answers "
+        "GetPreferredAllocation when its backend has no devicehost_preferred_allocation; none: no answer",
+    )
+
+    @field_validator("enabled_backends", "disabled_backends", mode="before")
+    @classmethod
+    def _one_name(cls, value: object) -> object:
+        """``enabled_backends: example`` (or ``a, b``) means the list people meant."""
+        return split_names(value) if isinstance(value, str) else value
 
     @field_validator("socket_mode", mode="before")
     @classmethod
@@ -104,6 +130,11 @@ class HostConfig(BaseModel):
                 return int(value, 8)
             except ValueError:
                 raise ValueError("must be octal permission bits such as '0600'") from None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0o777:
+            raise ValueError(
+                f"YAML read {value} as a decimal number, more than the permission bits 0o777 allow; "
+                f"write octal as a string ('0{value}') or with a 0o prefix (0o{value})"
+            )
         return value
 
     @field_serializer("socket_mode")
@@ -114,9 +145,7 @@ class HostConfig(BaseModel):
     @classmethod
     def _host_port(cls, value: str) -> str:
         if value:
-            _, sep, port = value.rpartition(":")
-            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError("must be HOST:PORT (e.g. 0.0.0.0:9464), or empty to turn it off")
+            check_address(value)
         return value
 
     @field_validator("socket_mode")
@@ -127,17 +156,151 @@ class HostConfig(BaseModel):
         return value
 
 
-def _format_errors(error: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration ({source}):"]
+def check_address(value: str) -> None:
+    """``HOST:PORT`` with a port in 1..65535; :raises ValueError: saying what is expected."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or " " in host:
+        raise ValueError("must be HOST:PORT (e.g. 0.0.0.0:9464), or empty to turn it off")
+
+
+def split_names(text: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``: how a list is written in a flag or an environment variable."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def nearest(word: str, choices: Iterable[str]) -> str | None:
+    """The valid spelling closest to ``word``, if one is close enough to be a typo."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    for part in (annotation, *typing.get_args(annotation)):
+        if isinstance(part, type) and issubclass(part, BaseModel):
+            return part
+    return None
+
+
+def model_keys(model: type[BaseModel], path: Sequence[str | int] = ()) -> set[str]:
+    """The keys ``model`` accepts at ``path`` (a path into a nested model), its own ones if unsure."""
+    current = model
+    for part in path:
+        field = current.model_fields.get(str(part))
+        nested = _nested_model(field.annotation) if field is not None else None
+        if nested is None:
+            current = model
+            break
+        current = nested
+    return {field.alias or name for name, field in current.model_fields.items()}
+
+
+def describe_errors(error: ValidationError, model: type[BaseModel], prefix: Sequence[str] = ()) -> list[str]:
+    """One ``key.path: what is wrong, what is expected`` line per error; unknown keys get a suggestion."""
+    lines = []
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        path = ".".join([*prefix, *(str(part) for part in item["loc"])]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            key, where = str(item["loc"][-1]), item["loc"][:-1]
+            lines.append(f"{path}: {unknown_key(key, model_keys(model, where))}")
+            continue
         got = f" (got {item['input']!r})" if item["type"] != "missing" else ""
-        lines.append(f"  {path}: {item['msg']}{got}")
-    return "\n".join(lines)
+        lines.append(f"{path}: {item['msg']}{got}")
+    return lines
+
+
+def unknown_key(key: str, valid: Iterable[str]) -> str:
+    """``unknown key, did you mean 'x'?`` or, with nothing close, the keys there are."""
+    guess = nearest(key, valid)
+    if guess is not None:
+        return f"unknown key, did you mean {guess!r}?"
+    return f"unknown key (valid keys: {', '.join(sorted(valid))})"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One config key as it is reached three ways: file key, environment variable, flag."""
+
+    key: str
+    env: str
+    flag: str
+    shape: Literal["text", "switch", "list", "mapping"]
+    """How a flag or variable spells it: plain text, true/false, ``a,b``, or a YAML mapping."""
+    choices: tuple[str, ...]
+    metavar: str
+    description: str
+    default: object
+
+    def parse(self, raw: str) -> Any:
+        """The value of an environment variable or flag, in the form the model validates."""
+        if self.shape == "list":
+            return split_names(raw)
+        if self.shape == "mapping":
+            import yaml  # only a mapping given as a flag or variable needs it
+
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{self.key}: not valid YAML ({exc})") from exc
+            if not isinstance(value, dict):
+                raise ConfigError(f"{self.key}: must be a YAML mapping such as '{{name: {{key: value}}}}'")
+            return value
+        return raw
+
+
+def _shape(annotation: Any) -> tuple[Literal["text", "switch", "list", "mapping"], tuple[str, ...]]:
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        return "switch", ()
+    if origin in (tuple, list):
+        return "list", ()
+    if origin is dict:
+        return "mapping", ()
+    if origin is Literal:
+        return "text", tuple(str(choice) for choice in typing.get_args(annotation))
+    return "text", ()
+
+
+def _metavar(key: str, annotation: Any, shape: str) -> str:
+    if shape == "list":
+        return "NAME"
+    if shape == "mapping":
+        return "YAML"
+    if annotation is Path:
+        return "DIR"
+    if key.endswith(("_interval", "_timeout")):
+        return "SECONDS"
+    return "VALUE"
+
+
+def settings(model: type[BaseModel] | None = None) -> tuple[Setting, ...]:
+    """Every field of the config model as a :class:`Setting`, in the model's order.
+
+    A field's ``json_schema_extra`` may name its ``flag``, ``env`` or ``metavar``; otherwise they
+    are ``--<key-with-dashes>``, ``DEVICEHOST_<KEY>`` and a placeholder from the field's type.
+    """
+    found = []
+    for key, field in (model or HostConfig).model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        shape, choices = _shape(field.annotation)
+        found.append(
+            Setting(
+                key=key,
+                env=str(extra.get("env", ENV_PREFIX + key.upper())),
+                flag=str(extra.get("flag", "--" + key.replace("_", "-"))),
+                shape=shape,
+                choices=choices,
+                metavar=str(extra.get("metavar", _metavar(key, field.annotation, shape))),
+                description=field.description or "",
+                default=field.default,
+            )
+        )
+    return tuple(found)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """The mapping in a YAML config file; a missing, unreadable or non-mapping file is an error."""
+    import yaml  # only a host given a config file needs it
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -152,15 +315,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The config keys set by ``DEVICEHOST_*`` environment variables."""
-    values: dict[str, Any] = {}
-    for var, key in ENV_KEYS.items():
-        if var in environ and environ[var] != "":
-            raw = environ[var]
-            values[key] = (
-                [item.strip() for item in raw.split(",") if item.strip()] if key in LIST_KEYS else raw
-            )
-    return values
+    """The config keys set by ``DEVICEHOST_*`` environment variables (an empty one sets nothing)."""
+    return {s.key: s.parse(environ[s.env]) for s in settings() if environ.get(s.env, "") != ""}
 
 
 def chosen_config_file(given: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
@@ -195,4 +351,5 @@ def build_config(
     try:
         return HostConfig.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, sources or "defaults")) from exc
+        lines = describe_errors(exc, HostConfig)
+        raise ConfigError("\n  ".join([f"invalid configuration ({sources or 'defaults'}):", *lines])) from exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
@@ -23,6 +23,7 @@ from devicehost.host.backends.backend import Backend, HookError
 from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.backends.loader import installed_backend_names
 from devicehost.host.config import ConfigError, HostConfig
+from devicehost.host.release import tracker_for, with_holders
 from devicehost.host.serving.registration import Registration
 from devicehost.host.serving.resource import ResourceServer, Serving
 from devicehost.host.sockets import new_token
@@ -35,6 +36,42 @@ def _no_observer(resource: str) -> Callable[[float], None]:
     return lambda seconds: None
 
 
+def _plan_one(
+    backend: Backend, answer: Sequence[Resource] | None, backends: BackendSet, served: dict[str, str]
+) -> reconcile.Plan:
+    """The plan of one backend's answer; the others count as not answering, so they keep theirs."""
+    others: list[tuple[str, Sequence[Resource] | None]] = [
+        (b.name, None) for b in backends if b is not backend
+    ]
+    plan = reconcile.plan([(backend.name, answer), *others], served)
+    for refusal in plan.refused:
+        where = {"backend": refusal.backend, "hook": "devicehost_discover", "resource": refusal.resource}
+        log.error("resource refused", **where, problem=refusal.problem)
+    return plan
+
+
+def _apply_in_place(config: HostConfig, backends: BackendSet, servers: Iterable[ResourceServer]) -> None:
+    """The settings a reload changes without touching any resource's socket or registration."""
+    cdi.set_default_dir(config.cdi_dir)
+    backends.set_hook_timeout(config.hook_timeout)
+    for server in servers:
+        server.health_interval = config.health_interval
+
+
+async def _started(server: ResourceServer) -> ResourceServer | None:
+    """``server`` started, or None when it could not be (logged)."""
+    try:
+        await server.start()
+    except HookError as exc:
+        server.log.error("start hook failed, resource not served", error=str(exc))
+        return None
+    except Exception as exc:
+        server.log.error("resource could not be served", error=str(exc))
+        await server.stop()
+        return None
+    return server
+
+
 class Host:
     """Runs every loaded backend's resources until told to stop."""
 
@@ -44,7 +81,7 @@ class Host:
         backends: BackendSet,
         registration: Registration,
         *,
-        observe_allocation: Callable[[str], Callable[[float], None]] = _no_observer,
+        observe_allocation: Callable[[str], Callable[[float], None]] | None = None,
         reload_config: Callable[[], HostConfig] | None = None,
     ) -> None:
         self.config = config
@@ -52,12 +89,21 @@ class Host:
         self.resources: dict[str, ResourceServer] = {}
         self.discoveries = 0
         self.stopping = asyncio.Event()
+        observe = observe_allocation or _no_observer
+        policies = config.preferred_allocation
         self._serving = Serving(
-            registration, new_token(), config.socket_mode, self.request_rediscovery, observe_allocation
+            registration, new_token(), config.socket_mode, self.request_rediscovery, observe, policies
         )
         self._reload_config = reload_config
+        self.release = tracker_for(config, lambda: self.resources)
+        """Follows the kubelet's pod-resources API; None when ``device_release`` is off."""
         self._reload_requested = False
         self._wake = asyncio.Event()
+        self._loop_state = "starting"
+        self.final_state: HostState | None = None
+        """The state just before the stop withdrew everything, for the closing summary."""
+        self._starting: dict[str, str] = {}
+        """Resources whose start is under way, by name: their backend's name."""
 
     @property
     def token(self) -> str:
@@ -79,6 +125,7 @@ class Host:
 
     async def run(self) -> None:
         """Serve until :meth:`request_stop`; then withdraw every resource."""
+        self._loop_state = "running"
         try:
             await self.backends.configure_all(self.config.backends)
             while not self.stopping.is_set():
@@ -91,11 +138,13 @@ class Host:
                     async with asyncio.timeout(self.config.rediscover_interval):
                         await self._wake.wait()
         finally:
+            self._loop_state = "ended"
             await self.shutdown()
             self.stopping.set()  # also when the loop failed: whoever waits for the stop is told
 
     async def shutdown(self) -> None:
         """Withdraw every resource (sockets removed, stop hooks called) and close the backends."""
+        self.final_state = self.snapshot()
         await asyncio.gather(*(self._withdraw(name) for name in list(self.resources)), return_exceptions=True)
         self.backends.close()
 
@@ -105,41 +154,40 @@ class Host:
         return HostState(
             kubelet=KubeletState(str(watch.kubelet_socket), watch.inode is not None),
             backends=self.backends.states(),
-            resources=tuple(server.state() for _, server in sorted(self.resources.items())),
+            resources=tuple(with_holders(self.release, s.state()) for _, s in sorted(self.resources.items())),
             discoveries=self.discoveries,
+            device_release=self.release.status if self.release else "off",
+            loop=self._loop_state,
         )
 
     async def reconcile(self) -> None:
-        """Discover every backend once and bring the served resources in line."""
+        """Discover every backend at once; each answer is applied as it comes, so a slow backend
+        holds back no other backend's resources."""
         self.discoveries += 1
-        discovered = await self.backends.discover_all()
-        served = {name: server.backend.name for name, server in self.resources.items()}
-        plan = reconcile.plan([(b.name, answer) for b, answer in discovered], served)
-        for refusal in plan.refused:
-            log.error(
-                "resource refused",
-                backend=refusal.backend,
-                resource=refusal.resource,
-                problem=refusal.problem,
-            )
+        await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
+
+    async def _reconcile_backend(self, backend: Backend) -> None:
+        """Bring ``backend``'s served resources in line with its discovery (the others' are kept)."""
+        answer = await self.backends.discover(backend)
+        served = {name: server.backend.name for name, server in self.resources.items()} | self._starting
+        plan = _plan_one(backend, answer, self.backends, served)
         for name, devices in plan.update:
-            self.resources[name].apply_discovery(devices)
+            if name in self.resources:
+                self.resources[name].apply_discovery(devices)
         await asyncio.gather(*(self._withdraw(name) for name in plan.withdraw))
-        by_name = {b.name: b for b, _ in discovered}
-        await asyncio.gather(*(self._add(by_name[backend], resource) for backend, resource in plan.add))
+        for _, resource in plan.add:  # claimed now: a backend answering meanwhile sees them taken
+            self._starting[resource.name] = backend.name
+        await asyncio.gather(*(self._add(backend, resource) for _, resource in plan.add))
 
     async def _add(self, backend: Backend, resource: Resource) -> None:
-        server = ResourceServer(backend, resource, self._serving, self.config.health_interval)
         try:
-            await server.start()
-        except HookError as exc:
-            server.log.error("start hook failed, resource not served", error=str(exc))
-            return
-        except Exception as exc:
-            server.log.error("resource could not be served", error=str(exc))
-            await server.stop()
-            return
-        self.resources[resource.name] = server
+            server = await _started(
+                ResourceServer(backend, resource, self._serving, self.config.health_interval)
+            )
+        finally:
+            self._starting.pop(resource.name, None)
+        if server is not None:
+            self.resources[resource.name] = server
 
     async def _withdraw(self, name: str) -> None:
         server = self.resources.pop(name, None)
@@ -160,21 +208,13 @@ class Host:
         except ConfigError as exc:
             log.error("new configuration refused, keeping the current one", error=str(exc))
             return
-        old = self.config
-        plan = reload.plan(
-            old,
-            new,
-            installed=await asyncio.to_thread(installed_backend_names),
-            loaded=list(self.backends.loaded),
-            failed=list(self.backends.failed),
-        )
+        installed = await asyncio.to_thread(installed_backend_names)
+        loaded, failed = list(self.backends.loaded), list(self.backends.failed)
+        plan = reload.plan(self.config, new, installed=installed, loaded=loaded, failed=failed)
         if plan.deferred:
             log.warning("these settings take effect at the next start", keys=list(plan.deferred))
         self.config = plan.config
-        cdi.set_default_dir(self.config.cdi_dir)
-        self.backends.set_hook_timeout(self.config.hook_timeout)
-        for server in self.resources.values():
-            server.health_interval = self.config.health_interval
+        _apply_in_place(self.config, self.backends, self.resources.values())
         for name in plan.disable:
             await self.backends.disable(name, self._withdraw_backend)
         await self.backends.load(plan.load, self.config.backends, self.config.hook_timeout)

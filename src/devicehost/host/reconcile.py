@@ -41,9 +41,7 @@ def _problem(
 ) -> str | None:
     if not isinstance(resource.name, str):
         return "name is not a string"
-    problem = rules.resource_name_problem(resource.name) or rules.device_ids_problem(
-        d.id for d in resource.devices
-    )
+    problem = rules.resource_name_problem(resource.name) or rules.devices_problem(resource.devices)
     if problem is None and resource.name in offered:
         problem = f"resource {resource.name!r} is already offered by backend {offered[resource.name]!r}"
     owner = served.get(resource.name)

@@ -23,6 +23,10 @@ RESTART_KEYS = (
     "socket_mode",
     "log_format",
     "log_level",
+    "device_release",
+    "pod_resources_socket",
+    "pod_resources_interval",
+    "preferred_allocation",
 )
 """Settings a reload cannot change: the sockets, servers and log renderer already in use."""
 

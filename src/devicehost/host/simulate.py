@@ -21,10 +21,12 @@ from google.protobuf import json_format
 
 from devicehost.host.app import run_host
 from devicehost.standin import AdmissionError, EventKind, KubeletStandIn
+from devicehost.standin.events import COMPONENT
 
 if TYPE_CHECKING:
     from devicehost.host.backends.backend import Backend
     from devicehost.host.config import HostConfig
+    from devicehost.host.daemon import Host
 
 log = structlog.get_logger("devicehost.simulate")
 
@@ -50,10 +52,16 @@ async def run_simulated(
         return _keep_dir(reload_config(), directory) if reload_config is not None else config
 
     kubelet = KubeletStandIn(directory)
+    names = _BackendNames()
+    kubelet.name_backends(names.of)
     try:
         await kubelet.start()
-        log.info("simulated kubelet started; press Ctrl-C to stop", device_plugins_dir=str(directory))
-        show = asyncio.create_task(_show(kubelet))
+        log.info(
+            "simulated kubelet started; press Ctrl-C to stop",
+            component=COMPONENT,
+            device_plugins_dir=str(directory),
+        )
+        show = asyncio.create_task(_show(kubelet, names))
         try:
             await run_host(
                 config,
@@ -61,6 +69,7 @@ async def run_simulated(
                 failed_backends=failed_backends,
                 reload_config=reload,
                 config_file=config_file,
+                on_start=names.follow,
             )
         finally:
             show.cancel()
@@ -70,12 +79,37 @@ async def run_simulated(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+class _BackendNames:
+    """Which backend serves a resource, read from the host, for the simulated kubelet's lines.
+
+    Remembered once seen: the host forgets a resource as it withdraws it, before the kubelet
+    reports the stream's end.
+    """
+
+    def __init__(self) -> None:
+        self.host: Host | None = None
+        self._known: dict[str, str] = {}
+
+    def follow(self, host: Host) -> None:
+        self.host = host
+
+    @property
+    def stopping(self) -> bool:
+        return self.host is not None and self.host.stopping.is_set()
+
+    def of(self, resource: str) -> str | None:
+        server = self.host.resources.get(resource) if self.host is not None else None
+        if server is not None:
+            self._known[resource] = server.backend.name
+        return self._known.get(resource)
+
+
 def _keep_dir(config: HostConfig, directory: Path) -> HostConfig:
     """A reloaded config keeps pointing at the simulated kubelet's dir."""
     return config.model_copy(update={"device_plugins_dir": directory})
 
 
-async def _show(kubelet: KubeletStandIn) -> None:
+async def _show(kubelet: KubeletStandIn, names: _BackendNames) -> None:
     """Report what the kubelet sees, and allocate once from each newly registered resource."""
     seen = 0
     sampled: set[str] = set()
@@ -86,28 +120,41 @@ async def _show(kubelet: KubeletStandIn) -> None:
             continue
         seen += 1
         if event.kind in (EventKind.DEVICES, EventKind.DISCONNECTED):
-            log.info(
-                "kubelet view",
-                resource=event.resource,
-                capacity=kubelet.capacity(event.resource),
-                allocatable=kubelet.allocatable(event.resource),
-                unhealthy=kubelet.unhealthy(event.resource),
-            )
+            _log_view(kubelet, names, event.resource)
         if (
             event.kind == EventKind.DEVICES
             and event.resource not in sampled
             and kubelet.allocatable(event.resource)
         ):
             sampled.add(event.resource)
-            await _sample_allocation(kubelet, event.resource)
+            await _sample_allocation(kubelet, event.resource, _labels(names, event.resource))
 
 
-async def _sample_allocation(kubelet: KubeletStandIn, resource: str) -> None:
+def _labels(names: _BackendNames, resource: str) -> dict[str, str]:
+    backend = names.of(resource)
+    return {"component": COMPONENT, "resource": resource, **({"backend": backend} if backend else {})}
+
+
+def _log_view(kubelet: KubeletStandIn, names: _BackendNames, resource: str) -> None:
+    """The kubelet's counts; at the host's stop, said as what they are: the resource went away."""
+    counts = {
+        "capacity": kubelet.capacity(resource),
+        "allocatable": kubelet.allocatable(resource),
+        "unhealthy": kubelet.unhealthy(resource),
+    }
+    if names.stopping:
+        # The kubelet keeps a gone plugin's devices as unhealthy until its grace period ends.
+        log.info("kubelet view: withdrawn by the stopping host", **_labels(names, resource), **counts)
+    else:
+        log.info("kubelet view", **_labels(names, resource), **counts)
+
+
+async def _sample_allocation(kubelet: KubeletStandIn, resource: str, labels: dict[str, str]) -> None:
     try:
         result = await kubelet.allocate(resource, 1)
     except (AdmissionError, grpc.aio.AioRpcError) as exc:
-        log.error("sample allocation failed", resource=resource, error=str(exc))
+        log.error("sample allocation failed", **labels, error=str(exc))
         return
     kubelet.release(resource, result.device_ids)
     answer = json_format.MessageToDict(result.response.container_responses[0])
-    log.info("sample allocation", resource=resource, devices=list(result.device_ids), response=answer)
+    log.info("sample allocation", **labels, devices=list(result.device_ids), response=answer)

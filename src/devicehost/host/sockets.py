@@ -111,3 +111,34 @@ def remove_stale(directory: Path) -> list[str]:
             path.unlink(missing_ok=True)
             removed.append(path.name)
     return removed
+
+
+_early_listeners: dict[str, socket.socket] = {}
+
+
+def listen_early(address: str) -> None:
+    """Bind and listen on ``BIND:PORT`` now, before the slow part of the start.
+
+    Probes that arrive before the probe server runs wait in the listen backlog instead of
+    being refused; the probe server takes the socket with :func:`take_early_listener`.
+    Raises ``OSError`` (the port is taken) and ``ValueError`` (not ``BIND:PORT``).
+    """
+    bind, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"metrics address {address!r} is not BIND:PORT")
+    family = socket.AF_INET6 if ":" in bind.strip("[]") else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((bind.strip("[]") or ("::" if family == socket.AF_INET6 else "0.0.0.0"), int(port)))
+        listener.listen(128)
+    except OSError:
+        listener.close()
+        raise
+    listener.setblocking(False)
+    _early_listeners[address] = listener
+
+
+def take_early_listener(address: str) -> socket.socket | None:
+    """The socket :func:`listen_early` bound for ``address``, once; None when there is none."""
+    return _early_listeners.pop(address, None)

@@ -11,6 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, order=True)
+class Holder:
+    """The container the kubelet assigned a device to (from its pod-resources API)."""
+
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
 @dataclass(frozen=True)
 class ResourceState:
     """One served resource, as its socket, registration and servicer stand."""
@@ -33,6 +45,14 @@ class ResourceState:
     """Allocate calls answered."""
     errors: Mapping[str, int]
     """Calls from the kubelet answered with an error, by gRPC status code name."""
+    holders: Mapping[str, Holder] = field(default_factory=dict)
+    """Device ID to the container the kubelet assigns it to (pod-resources API; assigned only)."""
+    releases: int = 0
+    """Device sets handed to the backend's release hook."""
+    releasing: tuple[str, ...] = ()
+    """Devices whose release hook is running (advertised Unhealthy meanwhile)."""
+    failed_tries: int = 0
+    """Registration tries that failed (refused, or the stream lost soon after), backed off."""
 
     @property
     def device_count(self) -> int:
@@ -71,13 +91,23 @@ class KubeletState:
 
 @dataclass(frozen=True)
 class HostState:
-    """The whole host at one moment; :attr:`ready` and :attr:`live` are defined only here."""
+    """The whole host at one moment; :attr:`ready` and :attr:`live` are defined only here.
+
+    **live** judges the host alone: its loop runs (and, since a probe answered, the event loop
+    is not blocked). No backend, hung or raising, can make it false. **ready** judges
+    everything the node relies on: discovery has run, no backend failed or has a hook stuck,
+    and every served resource is registered and streaming; :attr:`problems` says what is not.
+    """
 
     kubelet: KubeletState
     backends: tuple[BackendState, ...]
     resources: tuple[ResourceState, ...]
     discoveries: int
     """Discovery rounds run so far."""
+    device_release: str = "off"
+    """Device release: ``on``, ``off`` (turned off) or why it is paused (socket missing, ...)."""
+    loop: str = "running"
+    """The host's loop: ``starting`` (not yet running), ``running`` or ``ended``."""
 
     @property
     def waiting(self) -> tuple[str, ...]:
@@ -85,9 +115,31 @@ class HostState:
         return tuple(r.name for r in self.resources if not r.registered)
 
     @property
+    def problems(self) -> tuple[str, ...]:
+        """Why the host is not ready, one line each, naming the backend and resource."""
+        lines = []
+        if self.loop != "running":
+            lines.append(f"host: {self.loop}")
+        elif self.discoveries == 0:
+            lines.append("host: discovery has not run yet")
+        for backend in self.backends:
+            if not backend.loaded:
+                lines.append(f"backend {backend.name}: not loaded: {backend.reason}")
+            elif backend.stuck_hooks:
+                lines.append(
+                    f"backend {backend.name}: {', '.join(backend.stuck_hooks)} stuck past the hook timeout"
+                )
+        lines += [
+            f"resource {r.name} (backend {r.backend}): not registered and streaming"
+            for r in self.resources
+            if not r.registered
+        ]
+        return tuple(lines)
+
+    @property
     def ready(self) -> bool:
-        """Discovery has run, and every served resource is registered and streaming."""
-        return self.discoveries > 0 and not self.waiting
+        """Discovery has run, no backend failed or is stuck, every served resource registered and streaming."""
+        return not self.problems
 
     @property
     def stuck(self) -> dict[str, tuple[str, ...]]:
@@ -96,8 +148,8 @@ class HostState:
 
     @property
     def live(self) -> bool:
-        """No hook is stuck past the hook timeout."""
-        return not self.stuck
+        """The host's loop has not ended; what backends do never changes it."""
+        return self.loop != "ended"
 
     def resource(self, name: str) -> ResourceState:
         """The state of one served resource; ``KeyError`` when it is not served."""
@@ -105,3 +157,7 @@ class HostState:
             if state.name == name:
                 return state
         raise KeyError(name)
+
+
+STARTING = HostState(KubeletState("", False), (), (), 0, loop="starting")
+"""What probes read before the host exists: live, not ready."""

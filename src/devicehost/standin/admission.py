@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import grpc
+
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from devicehost.standin.model import AdmissionError, AllocationResult
+from devicehost.standin.pod_resources import PodAssignments, PodKey
 from devicehost.standin.registry import ResourceRecord, ResourceRegistry
 
 PRE_START_TIMEOUT = 30.0
@@ -43,6 +46,12 @@ def count_problem(name: str, count: int, available: Sequence[str]) -> str | None
     return None
 
 
+def go_rpc_error(exc: grpc.aio.AioRpcError) -> str:
+    """A gRPC error as the kubelet's Go client prints it: ``rpc error: code = Unknown desc = ...``."""
+    code = "".join(part.capitalize() for part in exc.code().name.split("_"))
+    return f"rpc error: code = {code} desc = {exc.details()}"
+
+
 def ids_problem(name: str, device_ids: Iterable[str], available: Sequence[str]) -> str | None:
     """The refusal when devices picked by the test are not available."""
     missing = sorted(set(device_ids) - set(available))
@@ -54,6 +63,9 @@ class Admission:
 
     def __init__(self, registry: ResourceRegistry) -> None:
         self._registry = registry
+        self.pods = PodAssignments()
+        """Who holds which device, as the pod-resources API reports it."""
+        self._pod_numbers = 0
 
     def release(self, name: str, device_ids: Sequence[str] | None = None) -> None:
         """Free devices as when pods end (the plugin is not told); all of them by default."""
@@ -62,6 +74,23 @@ class Admission:
             allocated.clear()
         else:
             allocated.difference_update(device_ids)
+        self.pods.remove_devices(name, device_ids)
+
+    def release_pod(self, pod: PodKey) -> dict[str, list[str]]:
+        """A pod ended: free every device its containers held; those devices by resource."""
+        freed = self.pods.remove_pod(pod)
+        for name, ids in freed.items():
+            record = self._registry.get(name)
+            if record is not None:
+                record.allocated.difference_update(ids)
+        return freed
+
+    def pod_for(self, pod: PodKey | None) -> PodKey:
+        """The pod an admission is for: the one named, else a new ``default/pod-<n>``."""
+        if pod is not None:
+            return pod
+        self._pod_numbers += 1
+        return ("default", f"pod-{self._pod_numbers}")
 
     async def allocate_ids(
         self,
@@ -81,11 +110,16 @@ class Admission:
         count: int,
         device_ids: Sequence[str] | None,
         timeout: float,  # noqa: ASYNC109
+        pod: PodKey | None = None,
+        container: str = "main",
     ) -> AllocationResult:
-        """Choose, Allocate, PreStartContainer when required, and book the devices."""
+        """Choose, Allocate, PreStartContainer when required, and book the devices to the pod."""
         res = self._registry.get(name)
-        if res is None or not res.connected or res.conn is None:
-            raise AdmissionError(f"device plugin for {name} is not registered or not connected")
+        if res is None:
+            raise AdmissionError(f"cannot allocate unregistered device {name}")
+        if not res.connected or res.conn is None or not any(d.healthy for d in res.devices):
+            # the kubelet marks a disconnected resource's devices unhealthy (kubelet text)
+            raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {name}")
         available = available_ids(res)
         preferred: tuple[str, ...] | None = None
         if device_ids is not None:
@@ -102,11 +136,13 @@ class Admission:
         if not response.container_responses:
             raise AdmissionError(f"no containers return in allocation response {response}")
         res.allocated.update(chosen)
+        pod = self.pod_for(pod)
+        self.pods.assign(pod, container, name, chosen)
         if res.options.pre_start_required:
             await self._registry.stub(name).PreStartContainer(
                 api_pb2.PreStartContainerRequest(devices_ids=chosen), timeout=min(timeout, PRE_START_TIMEOUT)
             )
-        return AllocationResult(tuple(chosen), response, preferred, res.options.pre_start_required)
+        return AllocationResult(tuple(chosen), response, preferred, res.options.pre_start_required, pod)
 
     @staticmethod
     async def _preferred(
@@ -122,5 +158,10 @@ class Admission:
                 )
             ]
         )
-        answer = await stub.GetPreferredAllocation(request, timeout=timeout)
+        try:
+            answer = await stub.GetPreferredAllocation(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:  # the kubelet fails the admission (kubelet text)
+            raise AdmissionError(
+                f"device plugin GetPreferredAllocation rpc failed with err: {go_rpc_error(exc)}"
+            ) from exc
         return tuple(i for r in answer.container_responses for i in r.deviceIDs)

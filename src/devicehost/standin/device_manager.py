@@ -9,7 +9,7 @@ starts and stops are :class:`~devicehost.standin.kubelet.KubeletStandIn`'s.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from devicehost.standin.admission import Admission
@@ -33,6 +33,10 @@ class DeviceManager:
         self._events = EventLog()
         self._registry = ResourceRegistry(self._events)
         self._admission = Admission(self._registry)
+
+    def name_backends(self, backend_of: Callable[[str], str | None]) -> None:
+        """Label the log lines about a resource with ``backend_of(resource)`` (when not None)."""
+        self._events.backend_of = backend_of
 
     # -- inspection --------------------------------------------------------------------------
 
@@ -117,6 +121,15 @@ class DeviceManager:
         """Free devices as when pods end (the plugin is not told); all of them by default."""
         self._admission.release(name, device_ids)
 
+    def release_pod(self, pod: str, namespace: str = "default") -> dict[str, list[str]]:
+        """A pod ended: its devices are free (pod-resources stops listing them); they by resource."""
+        return self._admission.release_pod((namespace, pod))
+
+    @property
+    def pods(self) -> dict[tuple[str, str], dict[str, dict[str, list[str]]]]:
+        """Running pods by (namespace, name): container -> resource -> device IDs."""
+        return self._admission.pods.pods
+
     async def allocate_ids(
         self,
         name: str,
@@ -134,6 +147,9 @@ class DeviceManager:
         device_ids: Sequence[str] | None = None,
         *,
         timeout: float = 5,  # noqa: ASYNC109
+        pod: str | None = None,
+        namespace: str = "default",
+        container: str = "main",
     ) -> AllocationResult:
         """Admit one container asking for ``count`` devices, as the kubelet does.
 
@@ -141,5 +157,8 @@ class DeviceManager:
         kubelet keeps the available IDs from it and fills up the rest itself), then Allocate,
         then PreStartContainer when ``pre_start_required``. ``device_ids`` picks the devices
         instead (no preferred call). gRPC errors from the plugin propagate as ``AioRpcError``.
+        The devices are booked to ``container`` of ``namespace/pod`` (a new ``default/pod-<n>``
+        when no pod is named) until :meth:`release_pod` or :meth:`release`.
         """
-        return await self._admission.allocate(name, count, device_ids, timeout)
+        key = None if pod is None else (namespace, pod)
+        return await self._admission.allocate(name, count, device_ids, timeout, key, container)

@@ -16,6 +16,8 @@ import structlog
 from devicehost.standin.model import Event, EventKind
 
 RECENT = 5
+COMPONENT = "simulated-kubelet"
+"""What every stand-in log line says it comes from, so it is never taken for the host's."""
 """How many of a resource's latest events a failed wait quotes."""
 
 
@@ -25,7 +27,9 @@ class EventLog:
     def __init__(self) -> None:
         self._events: list[Event] = []
         self._changed = asyncio.Event()
-        self._log = structlog.get_logger("devicehost.kubelet")
+        self._log = structlog.get_logger("devicehost.kubelet").bind(component=COMPONENT)
+        self.backend_of: Callable[[str], str | None] = lambda resource: None
+        """Names the backend behind a resource, for the log (the simulated kubelet cannot know)."""
 
     def __len__(self) -> int:
         return len(self._events)
@@ -41,7 +45,9 @@ class EventLog:
     def emit(self, kind: EventKind, resource: str, detail: str) -> None:
         """Record an event, log it, and wake every wait."""
         self._events.append(Event(time.monotonic(), kind, resource, detail))
-        self._log.info(str(kind), resource=resource, detail=detail)
+        backend = self.backend_of(resource)
+        labels = {"backend": backend} if backend else {}
+        self._log.info(str(kind), resource=resource, **labels, detail=detail)
         self.changed()
 
     def changed(self) -> None:

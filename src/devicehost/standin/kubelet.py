@@ -26,9 +26,11 @@ import structlog
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 from devicehost.standin.connection import ConnectError
 from devicehost.standin.device_manager import DeviceManager
+from devicehost.standin.events import COMPONENT
 from devicehost.standin.model import EventKind
 from devicehost.standin.plugin_watcher import PluginWatcher
-from devicehost.standin.registration import KubeletSocket, register_problem
+from devicehost.standin.pod_resources import PodResourcesServer, write_checkpoint
+from devicehost.standin.registration import CHECKPOINT, KubeletSocket, register_problem
 
 DEPRECATION = "DEPRECATION"
 
@@ -37,11 +39,17 @@ class KubeletStandIn(DeviceManager):
     """The kubelet's device manager, for tests and ``devicehost run --simulate-kubelet``.
 
     ``close_replaced_streams=False`` models kubelet 1.32: a second ``Register`` of a resource
-    leaves the old connection open, and when that old stream ends the resource is disconnected.
+    leaves the old connection open, and when that old stream ends the resource is disconnected
+    and the current connection closed too (its plugin sees its stream end).
     ``True`` models newer kubelets, which close the replaced connection quietly. A disconnected
     resource stays at allocatable 0 until it registers again (the kubelet's end state once its
     5-minute grace period is over; the grace period itself is not modelled). ``watcher=True``
-    also runs the plugin watcher on ``plugins_registry_dir``.
+    also runs the plugin watcher on ``plugins_registry_dir``; ``deprecation_file=True`` then also
+    writes ``DEPRECATION`` in the device-plugins dir, as older kubelets did (kubelet 1.32's
+    device-plugin handler does not: seen with its own code under dpharness).
+    ``pod_resources_socket`` also serves the pod-resources API there
+    (:mod:`~devicehost.standin.pod_resources`), fed by :meth:`allocate` and :meth:`release_pod`,
+    and keeps the checkpoint file up to date.
 
     Waits and plugin calls take a ``timeout`` (the real kubelet has none; tests need one),
     hence the ``noqa: ASYNC109`` on those signatures.
@@ -53,8 +61,10 @@ class KubeletStandIn(DeviceManager):
         plugins_registry_dir: Path | None = None,
         *,
         watcher: bool = False,
+        deprecation_file: bool = False,
         close_replaced_streams: bool = False,
         dial_timeout: float = 10.0,
+        pod_resources_socket: Path | None = None,
     ) -> None:
         if watcher and plugins_registry_dir is None:
             raise ValueError("watcher=True needs plugins_registry_dir")
@@ -66,8 +76,14 @@ class KubeletStandIn(DeviceManager):
         self._socket = KubeletSocket(self.device_plugins_dir)
         self.socket_path = self._socket.path
         self._watcher_enabled = watcher
+        self._deprecation_file = deprecation_file
         self._watcher: PluginWatcher | None = None
-        self._log = structlog.get_logger("devicehost.kubelet")
+        self._log = structlog.get_logger("devicehost.kubelet").bind(component=COMPONENT)
+        self.pod_resources_socket = pod_resources_socket
+        self.pod_resources = PodResourcesServer(self._admission.pods, self._allocatable)
+        if pod_resources_socket is not None:
+            checkpoint = self.device_plugins_dir / CHECKPOINT
+            self._admission.pods.on_change = lambda: write_checkpoint(checkpoint, self._admission.pods)
 
     async def __aenter__(self) -> KubeletStandIn:
         await self.start()
@@ -84,9 +100,10 @@ class KubeletStandIn(DeviceManager):
         """Clean the dir except the checkpoint, then serve ``kubelet.sock`` (a new inode)."""
         self._socket.clean_dir()
         if self._watcher_enabled and self.plugins_registry_dir is not None:
-            (self.device_plugins_dir / DEPRECATION).write_text(
-                "Device plugins may register through the plugins_registry dir.\n"
-            )
+            if self._deprecation_file:
+                (self.device_plugins_dir / DEPRECATION).write_text(
+                    "Device plugins may register through the plugins_registry dir.\n"
+                )
             self._watcher = PluginWatcher(
                 self.plugins_registry_dir,
                 self._connect_client,
@@ -95,6 +112,8 @@ class KubeletStandIn(DeviceManager):
             )
             self._watcher.start()
         await self._socket.serve(self._register)
+        if self.pod_resources_socket is not None:
+            await self.pod_resources.serve(self.pod_resources_socket)
         self._log.info("kubelet started", socket=str(self.socket_path))
 
     async def stop(self) -> None:
@@ -119,7 +138,13 @@ class KubeletStandIn(DeviceManager):
             await self._watcher.stop()
             self._watcher = None
         await self._socket.stop()
+        if self.pod_resources_socket is not None:
+            await self.pod_resources.stop(self.pod_resources_socket)
         await self._registry.disconnect_all(reason)
+
+    def _allocatable(self) -> dict[str, list[str]]:
+        """Every device the kubelet knows, by resource (GetAllocatableResources)."""
+        return {name: [d.id for d in self._registry[name].devices] for name in self._registry.names}
 
     # -- registration (Register on kubelet.sock, or the plugin watcher) -----------------------
 

@@ -90,6 +90,8 @@ class AllocationResult:
     response: api_pb2.AllocateResponse
     preferred: tuple[str, ...] | None
     pre_started: bool
+    pod: tuple[str, str] = ("", "")
+    """(namespace, name) of the pod the devices were booked to."""
 
 
 class AdmissionError(Exception):

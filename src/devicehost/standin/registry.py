@@ -222,7 +222,10 @@ class ResourceRegistry:
         res = self._records.get(conn.resource)
         if conn.closing or res is None or not res.connected:
             return
-        if conn is not res.conn:
-            reason = f"the replaced stream from {conn.socket_path} ended ({reason})"
+        if conn is not res.conn and res.conn is not None:
+            # kubelet 1.32's runClient disconnects the current client when any stream ends
+            reason = f"the replaced stream from {conn.socket_path} ended ({reason}); current closed too"
+            res.conn.closing = True
+            res.conn.drop()
         res.connected = res.streaming = False
         self._events.emit(EventKind.DISCONNECTED, res.name, reason)

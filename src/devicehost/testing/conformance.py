@@ -5,14 +5,18 @@
 
 Each check is one test; a failure starts with the rule it broke, ``[rule-id]``, listed in
 :data:`devicehost.testing.conformance_support.RULES`. Checks marked "direct" call the backend's
-hooks in this thread; "wire" checks run the real host against the kubelet stand-in.
+hooks in this thread; "wire" checks run the real host against the kubelet stand-in. Both
+write CDI specs to the kit's temporary dir (the ``devicehost_cdi_dir`` fixture), never to the
+machine's. When ``devicehost_start`` fails, "start-hook" reports it once, with the hook's own
+exception, and the wire checks are skipped rather than each timing out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,20 +29,24 @@ from devicehost.hookspecs import REQUIRED_HOOKS, rules
 from devicehost.hookspecs.types import Health, PreferredAllocationRequest, Resource
 from devicehost.host.backends.backend import hook_implementations
 from devicehost.host.backends.loader import UnknownBackendError
+from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
 from devicehost.standin import AdmissionError, EventKind, KubeletStandIn, ResourceView
 from devicehost.testing.conformance_support import (
-    HEALTH_TOGGLE,
+    HEALTH_HOOK,
     UNKNOWN_ID,
     DirectBackend,
     NullNotifier,
     broken,
+    health_toggle,
     healthy_ids,
     leaks_after,
     load_plugin,
     servable,
+    start_problem,
+    undefined_cdi_names,
 )
-from devicehost.testing.host import BackendLoadError, load_named
+from devicehost.testing.host import BackendLoadError, load_named, running_host
 from devicehost.testing.plugin import StartHost
 
 WAIT = 5.0
@@ -53,9 +61,12 @@ def plugin(devicehost_backend_name: str) -> object:
 
 @pytest.fixture
 def direct(
-    devicehost_backend_name: str, plugin: object, devicehost_settings: dict[str, Any]
+    devicehost_backend_name: str,
+    plugin: object,
+    devicehost_settings: dict[str, Any],
+    devicehost_cdi_dir: Path,
 ) -> DirectBackend:
-    """The backend registered with pluggy and configured with the settings given."""
+    """The backend registered with pluggy and configured with the settings given (CDI: the kit's dir)."""
     try:
         backend = DirectBackend(devicehost_backend_name, plugin)
     except pluggy.PluginValidationError as exc:
@@ -83,11 +94,38 @@ def served(discovered: list[Resource]) -> list[Resource]:
     return resources
 
 
+@pytest.fixture
+def starts(direct: DirectBackend, served: list[Resource]) -> None:
+    """Skips a wire check when the start hook fails: test_start_hook_succeeds reports it, once."""
+    problem = start_problem(direct, served)
+    if problem:
+        pytest.skip(f"[start-hook] broken (reported by test_start_hook_succeeds): {problem.splitlines()[0]}")
+
+
 async def _view(kubelet: KubeletStandIn, resource: Resource, rule: str) -> ResourceView:
     try:
         return await kubelet.wait_for_resource(resource.name, total=len(resource.devices), timeout=WAIT)
     except AssertionError as exc:
         broken(rule, f"{resource.name} did not reach the kubelet: {exc}")
+
+
+async def _allocation_problems(
+    kubelet: KubeletStandIn, resources: Sequence[Resource], cdi_dir: Path, rule: str
+) -> tuple[list[str], list[str]]:
+    """Allocate every healthy device over the wire: failed allocations, and undefined CDI names."""
+    failures, undefined = [], []
+    for resource in resources:
+        view = await _view(kubelet, resource, rule)
+        for device in (d.id for d in view.devices if d.healthy):
+            try:
+                response = await kubelet.allocate_ids(resource.name, [device])
+            except grpc.aio.AioRpcError as exc:
+                failures.append(f"{resource.name} {device}: {exc.code().name} {exc.details()}")
+                continue
+            assert len(response.container_responses) == 1
+            names = [c.name for c in response.container_responses[0].cdi_devices]
+            undefined += [f"{resource.name} {device}: {n!r}" for n in undefined_cdi_names(names, cdi_dir)]
+    return failures, undefined
 
 
 def _call(rule: str, what: str, hook: Callable[..., Any], **kwargs: Any) -> Any:
@@ -167,9 +205,9 @@ def test_discovery_is_stable(direct: DirectBackend) -> None:
 def test_health_values_are_valid(direct: DirectBackend, discovered: list[Resource]) -> None:
     valid = {h.value for h in Health}
     for resource in discovered:
-        bad = [d.id for d in resource.devices if d.health not in valid]
+        bad = [f"{d.id}: {d.health!r}" for d in resource.devices if d.health not in valid]
         if bad:
-            broken("health-values", f"{resource.name}: discovery gave devices {bad} an invalid health")
+            broken("health-values", f"{resource.name}: discovery gave invalid health ({', '.join(bad)})")
     if not direct.implements("devicehost_health"):
         return
     for resource in servable(discovered):
@@ -182,8 +220,15 @@ def test_health_values_are_valid(direct: DirectBackend, discovered: list[Resourc
         )
         if answer is None:
             continue
-        if not isinstance(answer, dict) or any(v not in valid for v in answer.values()):
+        if not isinstance(answer, dict):
             broken("health-values", f"{resource.name}: devicehost_health returned {answer!r:.300}")
+        bad = [f"{k!r}: {v!r}" for k, v in answer.items() if not isinstance(v, str) or v not in valid]
+        if bad:
+            broken(
+                "health-values",
+                f"{resource.name}: devicehost_health gave invalid health ({', '.join(bad)});"
+                " use devicehost.Health.HEALTHY or Health.UNHEALTHY",
+            )
         strangers = sorted(set(answer) - {d.id for d in resource.devices})
         if strangers:
             broken("health-values", f"{resource.name}: devicehost_health named unknown devices {strangers}")
@@ -194,13 +239,15 @@ async def test_health_goes_both_ways(
     devicehost_backend_name: str,
     devicehost_settings: dict[str, Any],
     plugin: object,
+    direct: DirectBackend,
     served: list[Resource],
+    starts: None,
     kubelet: KubeletStandIn,
     start_host: StartHost,
 ) -> None:
-    toggle = getattr(plugin, HEALTH_TOGGLE, None)
+    toggle = health_toggle(direct)
     if toggle is None:
-        pytest.skip(f"no {HEALTH_TOGGLE} on the backend: it does not claim health goes both ways")
+        pytest.skip(f"no {HEALTH_HOOK} on the backend: it does not claim health goes both ways")
     resource = next(r for r in served if healthy_ids(r))
     device, healthy = healthy_ids(resource)[0], len(healthy_ids(resource))
     name = devicehost_backend_name
@@ -250,25 +297,69 @@ def test_backend_refuses_unknown_ids(direct: DirectBackend, served: list[Resourc
 
 @pytest.mark.asyncio
 async def test_every_device_allocates_over_the_wire(
-    served: list[Resource], kubelet: KubeletStandIn, host: Host
+    served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host, devicehost_cdi_dir: Path
 ) -> None:
-    failures = []
-    for resource in served:
-        view = await _view(kubelet, resource, "allocation-wire")
-        for device in (d.id for d in view.devices if d.healthy):
-            try:
-                response = await kubelet.allocate_ids(resource.name, [device])
-            except grpc.aio.AioRpcError as exc:
-                failures.append(f"{resource.name} {device}: {exc.code().name} {exc.details()}")
-                continue
-            assert len(response.container_responses) == 1
+    failures, _ = await _allocation_problems(kubelet, served, devicehost_cdi_dir, "allocation-wire")
     if failures:
         broken("allocation-wire", "; ".join(failures[:5]))
 
 
 @pytest.mark.asyncio
+async def test_cdi_names_are_defined(
+    served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host, devicehost_cdi_dir: Path
+) -> None:
+    _, undefined = await _allocation_problems(kubelet, served, devicehost_cdi_dir, "cdi-names")
+    if undefined:
+        broken("cdi-names", f"no spec in the CDI dir defines {'; '.join(undefined[:5])}")
+
+
+@pytest.mark.asyncio
+async def test_reload_keeps_allocations_working(
+    devicehost_backend_name: str,
+    devicehost_settings: dict[str, Any],
+    devicehost_reload_settings: dict[str, Any],
+    devicehost_cdi_dir: Path,
+    direct: DirectBackend,
+    served: list[Resource],
+    starts: None,
+    kubelet: KubeletStandIn,
+    start_host: StartHost,
+) -> None:
+    name = devicehost_backend_name
+    _call(
+        "reload",
+        "devicehost_configure with the reload settings",
+        direct.hook.devicehost_configure,
+        settings=devicehost_reload_settings,
+    )
+    expected = servable(direct.discover())
+    reloaded: list[HostConfig] = []
+    host = await start_host([name], backends={name: devicehost_settings}, reload_config=lambda: reloaded[0])
+    for resource in served:
+        await _view(kubelet, resource, "reload")
+    reloaded.append(host.config.model_copy(update={"backends": {name: devicehost_reload_settings}}))
+    before = host.discoveries
+    host.request_reload()
+    await _until(lambda: host.discoveries > before, "reload", "the host never rediscovered after the reload")
+    failures, undefined = await _allocation_problems(kubelet, expected, devicehost_cdi_dir, "reload")
+    if failures or undefined:
+        undefined = [f"{u} (no spec defines it)" for u in undefined]
+        broken("reload", "; ".join([*failures, *undefined][:5]))
+
+
+async def _until(check: Callable[[], bool], rule: str, what: str) -> None:
+    """Poll ``check`` every HEALTH_POLL seconds for up to WAIT seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not check():
+        if loop.time() > deadline:
+            broken(rule, what)
+        await asyncio.sleep(HEALTH_POLL)
+
+
+@pytest.mark.asyncio
 async def test_kubelet_admission_succeeds(
-    served: list[Resource], kubelet: KubeletStandIn, host: Host
+    served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host
 ) -> None:
     for resource in served:
         view = await _view(kubelet, resource, "admission")
@@ -284,7 +375,9 @@ async def test_kubelet_admission_succeeds(
 
 
 @pytest.mark.asyncio
-async def test_host_refuses_unknown_ids(served: list[Resource], kubelet: KubeletStandIn, host: Host) -> None:
+async def test_host_refuses_unknown_ids(
+    served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host
+) -> None:
     for resource in served:
         view = await _view(kubelet, resource, "unknown-ids-host")
         for ids in ([UNKNOWN_ID], [*(d.id for d in view.devices[:1]), UNKNOWN_ID]):
@@ -337,7 +430,15 @@ def test_preferred_allocation_is_well_formed(
 # -- life cycle ------------------------------------------------------------------------------
 
 
-def test_start_and_stop_repeat_and_release(direct: DirectBackend, served: list[Resource]) -> None:
+def test_start_hook_succeeds(direct: DirectBackend, served: list[Resource]) -> None:
+    problem = start_problem(direct, served)
+    if problem:
+        broken("start-hook", problem)
+
+
+def test_start_and_stop_repeat_and_release(
+    direct: DirectBackend, served: list[Resource], starts: None
+) -> None:
     if not (direct.implements("devicehost_start") or direct.implements("devicehost_stop")):
         pytest.skip("neither devicehost_start nor devicehost_stop is implemented")
     notifier = NullNotifier()
@@ -363,7 +464,7 @@ def test_start_and_stop_repeat_and_release(direct: DirectBackend, served: list[R
 
 @pytest.mark.asyncio
 async def test_survives_a_kubelet_restart(
-    served: list[Resource], kubelet: KubeletStandIn, host: Host
+    served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host
 ) -> None:
     for resource in served:
         await _view(kubelet, resource, "kubelet-restart")
@@ -376,3 +477,72 @@ async def test_survives_a_kubelet_restart(
             broken("kubelet-restart", f"{resource.name} did not register again: {exc}")
         view = await _view(kubelet, resource, "kubelet-restart")
         assert view.registrations == 2
+
+
+# -- device release --------------------------------------------------------------------------
+
+
+async def _eventually(predicate: Callable[[], bool]) -> bool:
+    """Whether ``predicate`` held within WAIT seconds (polled)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not predicate():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(HEALTH_POLL)
+    return True
+
+
+@pytest.mark.asyncio
+async def test_released_devices_come_back(
+    direct: DirectBackend,
+    served: list[Resource],
+    devicehost_dir: Path,
+    devicehost_backend_name: str,
+    devicehost_settings: dict[str, Any],
+) -> None:
+    """A pod's devices, released through pod-resources, reach the release hook and come back."""
+    if not direct.implements("devicehost_release"):
+        pytest.skip("devicehost_release is not implemented")
+    resource = next(r for r in served if r.devices)
+    what = f"{resource.name}: release of {resource.devices[0].id}"
+    _call(
+        "device-release",
+        what,
+        direct.hook.devicehost_release,
+        resource=resource.name,
+        device_ids=(resource.devices[0].id,),
+    )
+    socket = devicehost_dir / "pod-resources" / "kubelet.sock"
+    settings: dict[str, Any] = {
+        "backends": {devicehost_backend_name: devicehost_settings},
+        "pod_resources_socket": socket,
+    }
+    async with (
+        KubeletStandIn(devicehost_dir / "release-dp", pod_resources_socket=socket) as kubelet,
+        running_host(kubelet.device_plugins_dir, [devicehost_backend_name], **settings) as host,
+    ):
+        view = await _view(kubelet, resource, "device-release")
+        try:
+            booked = await kubelet.allocate(resource.name, 1, pod="conformance-release")
+        except (grpc.aio.AioRpcError, AdmissionError) as exc:
+            pytest.skip(f"nothing admitted to release ({exc}); see the admission rule")
+        ids = list(booked.device_ids)
+        tracker = host.release
+        assert tracker is not None
+        if not await _eventually(lambda: set(ids) <= set(tracker.holders.get(resource.name, {}))):
+            broken("device-release", f"{resource.name}: the host never saw {ids} held (pod-resources)")
+        kubelet.release_pod("conformance-release")
+        if not await _eventually(lambda: tracker.releases[resource.name] >= 1):
+            broken("device-release", f"{resource.name}: {ids} freed by the kubelet, never released")
+        await tracker.wait_idle()
+        failed = [
+            b.hook_failures for b in host.snapshot().backends if b.hook_failures.get("devicehost_release")
+        ]
+        if failed:
+            broken("device-release", f"{resource.name}: the release hook of {ids} failed: {failed}")
+        try:
+            await kubelet.wait_for_resource(resource.name, healthy=view.healthy, timeout=WAIT)
+            await kubelet.allocate(resource.name, 1, ids, pod="conformance-again")
+        except (AssertionError, grpc.aio.AioRpcError, AdmissionError) as exc:
+            broken("device-release", f"{resource.name}: released {ids} not allocatable again: {exc}")

@@ -5,15 +5,19 @@ Every failure names one of :data:`RULES` as ``[rule-id]`` and says what the back
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
+from devicehost import cdi
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Health, Resource
 from devicehost.host import reconcile
@@ -32,7 +36,10 @@ RULES = {
     "device-id": "device IDs are non-empty, at most 63 characters and unique within their resource",
     "stable-discovery": "two discoveries in a row give the same resource names and device IDs",
     "health-values": "health is Healthy or Unhealthy, and devicehost_health names only the resource's devices",
-    "health-both-ways": "a device the backend can make Unhealthy turns Healthy again (conformance_set_health)",
+    "health-both-ways": "a device the backend can make Unhealthy turns Healthy again (devicehost_conformance_set_health)",
+    "start-hook": "devicehost_start succeeds for every resource the host would serve",
+    "cdi-names": "every CDI device name an allocation returns is defined by a spec in the CDI dir",
+    "reload": "after a reload with new settings, every device still allocates and its CDI names resolve",
     "allocation-answer": "devicehost_allocate answers every healthy device with a well-formed ContainerAllocation",
     "allocation-wire": "every advertised healthy device can be allocated by the kubelet over the wire",
     "admission": "the kubelet's admission (GetPreferredAllocation, Allocate, PreStartContainer) succeeds",
@@ -41,12 +48,14 @@ RULES = {
     "start-stop": "devicehost_start/devicehost_stop can be repeated and stop releases what start took",
     "preferred-allocation": "devicehost_preferred_allocation returns exactly size distinct available IDs, must-include ones among them",
     "kubelet-restart": "every resource registers again, with its devices, after the kubelet restarts",
+    "device-release": "devicehost_release returns for devices a pod held, and they are allocatable again after it",
 }
 
-HEALTH_TOGGLE = "conformance_set_health"
-"""Optional, not a hook: ``conformance_set_health(resource, device_id, health)`` on the backend
-object makes a device turn that health the way a real fault or recovery would (through its
-notifier or its ``devicehost_health`` answer). Having it declares that health goes both ways."""
+HEALTH_HOOK = "devicehost_conformance_set_health"
+"""The optional test-seam hook (see :mod:`devicehost.hookspecs.spec`): having it declares that
+health goes both ways."""
+LEGACY_HEALTH_TOGGLE = "conformance_set_health"
+"""Its old spelling, a plain method found by name: still used for one release, with a warning."""
 
 UNKNOWN_ID = "devicehost-conformance-no-such-device"
 LOAD_HOOK_TIMEOUT = 5.0
@@ -77,6 +86,55 @@ def load_plugin(name: str, hook_timeout: float = LOAD_HOOK_TIMEOUT) -> object:
     return status.plugin
 
 
+def health_toggle(direct: DirectBackend) -> Callable[[str, str, Health], None] | None:
+    """How the suite makes a device turn a health: the test-seam hook, or its old spelling."""
+    if direct.implements(HEALTH_HOOK):
+
+        def toggle(resource: str, device_id: str, health: Health) -> None:
+            direct.hook.devicehost_conformance_set_health(
+                resource=resource, device_id=device_id, health=health
+            )
+
+        return toggle
+    legacy = getattr(direct.plugin, LEGACY_HEALTH_TOGGLE, None)
+    if legacy is None:
+        return None
+    warnings.warn(
+        f"{direct.name}: a plain {LEGACY_HEALTH_TOGGLE}() method is deprecated and will be ignored in"
+        f" the next release; implement @devicehost.hookimpl {HEALTH_HOOK}(resource, device_id, health)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return legacy  # type: ignore[no-any-return]
+
+
+def start_problem(direct: DirectBackend, resources: Sequence[Resource]) -> str | None:
+    """Start (and stop again) each resource directly; the first start failure, with its exception."""
+    if not direct.implements("devicehost_start"):
+        return None
+    for resource in resources:
+        try:
+            direct.hook.devicehost_start(resource=resource.name, notifier=NullNotifier())
+        except Exception as exc:
+            return f"devicehost_start({resource.name!r}) raised {type(exc).__name__}: {exc}\n{_backend_trace(exc)}"
+        with contextlib.suppress(Exception):  # a failing stop is the start-stop rule's to report
+            direct.hook.devicehost_stop(resource=resource.name)
+    return None
+
+
+def _backend_trace(exc: BaseException) -> str:
+    """The exception's traceback from the backend's frames only (no pluggy, no kit)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/pluggy/" not in f.filename][1:]
+    lines = traceback.format_list(frames) + traceback.format_exception_only(exc)
+    return "Traceback (the backend's frames):\n" + "".join(lines).rstrip()
+
+
+def undefined_cdi_names(names: Sequence[str], cdi_dir: Path) -> list[str]:
+    """The CDI device names no spec in ``cdi_dir`` defines (a pod handed one fails to start)."""
+    defined = cdi.defined_names(cdi_dir)
+    return [name for name in names if name not in defined]
+
+
 class DirectBackend:
     """The backend's hooks called in this thread through pluggy, as the host calls them."""
 
@@ -96,7 +154,10 @@ class DirectBackend:
 
     def discover(self) -> list[Resource]:
         """One discovery, its shape checked with the host's own rule."""
-        answer = self.hook.devicehost_discover()
+        try:
+            answer = self.hook.devicehost_discover()
+        except (TypeError, ValueError) as exc:  # devicehost.Device and Resource refuse bad values
+            broken("discovery-shape", f"devicehost_discover raised {type(exc).__name__}: {exc}")
         if answer is None:
             return []
         problem = rules.discovery_problem(answer)

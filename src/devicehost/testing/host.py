@@ -17,7 +17,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,19 @@ def load_named(names: Sequence[str], hook_timeout: float) -> list[Backend]:
     return [s.backend for s in statuses if s.backend is not None]
 
 
+def beside_kubelet(device_plugins_dir: Path) -> Path:
+    """Where a kubelet whose device-plugins dir is ``device_plugins_dir`` serves pod-resources."""
+    return Path(device_plugins_dir).parent / "pod-resources" / "kubelet.sock"
+
+
 @contextlib.asynccontextmanager
 async def running_host(
-    device_plugins_dir: Path, backends: Mapping[str, object] | Sequence[str], /, **config: Any
+    device_plugins_dir: Path,
+    backends: Mapping[str, object] | Sequence[str],
+    /,
+    *,
+    reload_config: Callable[[], HostConfig] | None = None,
+    **config: Any,
 ) -> AsyncIterator[Host]:
     """The real :class:`Host` serving into ``device_plugins_dir`` until the block ends.
 
@@ -56,14 +66,18 @@ async def running_host(
     endpoints when ``metrics_address`` is given), except the signal handlers.
 
     :param backends: plugin objects by backend name, or names of installed backends.
+    :param reload_config: what ``host.request_reload()`` reads as the new configuration.
     :param config: any other :class:`HostConfig` field (``backends=`` holds the settings).
+        ``pod_resources_socket`` defaults to ``pod-resources/kubelet.sock`` beside
+        ``device_plugins_dir`` (the kubelet's layout), never the machine's own kubelet.
     """
+    config.setdefault("pod_resources_socket", beside_kubelet(device_plugins_dir))
     host_config = HostConfig(device_plugins_dir=Path(device_plugins_dir), **config)
     if isinstance(backends, Mapping):
         loaded = [Backend(name, plugin, host_config.hook_timeout) for name, plugin in backends.items()]
     else:
         loaded = load_named(backends, host_config.hook_timeout)
-    async with running(host_config, loaded) as host:
+    async with running(host_config, loaded, reload_config=reload_config) as host:
         yield host
 
 

@@ -9,10 +9,16 @@ Options (each also an ini key, underscores instead of dashes):
     the installed backend (entry-point name) the ``host`` fixture and the conformance suite use.
 ``--devicehost-settings FILE``
     a YAML mapping handed to that backend's ``devicehost_configure``.
+``--devicehost-reload-settings FILE``
+    the settings the conformance suite's reload check reconfigures the backend with (default:
+    the ``--devicehost-settings`` ones again).
 
-Fixtures: ``devicehost_backend_name``, ``devicehost_settings``, ``kubelet`` (a started
-:class:`KubeletStandIn`), ``start_host`` (a factory: ``await start_host(backends, **config)``)
-and ``host`` (the selected backend with its settings, served to ``kubelet``).
+Fixtures: ``devicehost_backend_name``, ``devicehost_settings``, ``devicehost_reload_settings``,
+``devicehost_cdi_dir`` (a temporary CDI spec dir, :mod:`devicehost.cdi`'s default while the test
+runs), ``kubelet`` (a started :class:`KubeletStandIn`), ``start_host`` (a factory:
+``await start_host(backends, **config)``) and ``host`` (the selected backend with its settings,
+served to ``kubelet``). Hosts the kit starts write CDI specs to ``devicehost_cdi_dir``, never to
+the machine's ``/var/run/cdi`` or ``/etc/cdi``.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from devicehost import cdi
 from devicehost.host.daemon import Host
 from devicehost.standin import KubeletStandIn
 from devicehost.testing.host import running_host
 
 BACKEND_OPTION = "devicehost_backend"
 SETTINGS_OPTION = "devicehost_settings"
+RELOAD_SETTINGS_OPTION = "devicehost_reload_settings"
 TEST_HOOK_TIMEOUT = 5.0
 
 
@@ -43,6 +51,25 @@ class StartHost(Protocol):
     def __call__(
         self, backends: Mapping[str, object] | Sequence[str] | None = None, /, **config: Any
     ) -> Awaitable[Host]: ...
+
+
+CONFORMANCE_MODULE = Path(__file__).with_name("conformance.py")
+CONFORMANCE_NODE_PATH = "devicehost/testing/conformance.py"
+"""How reports name the conformance suite when it lies outside the rootdir (installed)."""
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Give the conformance suite a path in node IDs when it lies outside the rootdir.
+
+    Collected with ``--pyargs`` from outside the rootdir, pytest names a module relative to
+    itself, an empty path, and failure lines read ``FAILED ::test_...``.
+    """
+    if module_path.resolve() != CONFORMANCE_MODULE.resolve():
+        return None
+    if module_path.is_relative_to(parent.config.rootpath):
+        return None
+    module: pytest.Module = pytest.Module.from_parent(parent, path=module_path, nodeid=CONFORMANCE_NODE_PATH)
+    return module
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -59,8 +86,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="YAML settings handed to the backend's devicehost_configure",
     )
+    group.addoption(
+        "--devicehost-reload-settings",
+        dest=RELOAD_SETTINGS_OPTION,
+        metavar="FILE",
+        help="YAML settings the reload check reconfigures the backend with (default: the same again)",
+    )
     parser.addini(BACKEND_OPTION, "installed backend to test (as --devicehost-backend)")
     parser.addini(SETTINGS_OPTION, "YAML settings file of that backend (as --devicehost-settings)")
+    parser.addini(
+        RELOAD_SETTINGS_OPTION, "YAML settings for the reload check (as --devicehost-reload-settings)"
+    )
 
 
 def _option(config: pytest.Config, name: str) -> str | None:
@@ -76,12 +112,12 @@ def selected_backend(config: pytest.Config) -> str:
     return name
 
 
-def selected_settings(config: pytest.Config) -> dict[str, Any]:
+def selected_settings(config: pytest.Config, option: str = SETTINGS_OPTION) -> dict[str, Any]:
     """The settings in ``--devicehost-settings FILE`` (ini: relative to the rootdir); empty without."""
-    given = config.getoption(SETTINGS_OPTION)
+    given = config.getoption(option)
     path = Path(given) if given else None
-    if path is None and config.getini(SETTINGS_OPTION):
-        path = config.rootpath / str(config.getini(SETTINGS_OPTION))
+    if path is None and config.getini(option):
+        path = config.rootpath / str(config.getini(option))
     if path is None:
         return {}
     try:
@@ -108,11 +144,32 @@ def devicehost_settings(pytestconfig: pytest.Config) -> dict[str, Any]:
 
 
 @pytest.fixture
+def devicehost_reload_settings(
+    pytestconfig: pytest.Config, devicehost_settings: dict[str, Any]
+) -> dict[str, Any]:
+    """The reload check's settings: ``--devicehost-reload-settings FILE``, else the same again."""
+    if _option(pytestconfig, RELOAD_SETTINGS_OPTION) is None:
+        return devicehost_settings
+    return selected_settings(pytestconfig, RELOAD_SETTINGS_OPTION)
+
+
+@pytest.fixture
 def devicehost_dir() -> Iterator[Path]:
     """A short temp dir under /tmp: unix socket paths must stay under 108 bytes."""
     path = Path(tempfile.mkdtemp(prefix="dh-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def devicehost_cdi_dir(devicehost_dir: Path) -> Iterator[Path]:
+    """A temporary CDI spec dir, :mod:`devicehost.cdi`'s default until the test ends."""
+    path = devicehost_dir / "cdi"
+    path.mkdir()
+    previous = cdi.default_dir()
+    cdi.set_default_dir(path)
+    yield path
+    cdi.set_default_dir(previous)
 
 
 @pytest_asyncio.fixture
@@ -123,11 +180,14 @@ async def kubelet(devicehost_dir: Path) -> AsyncIterator[KubeletStandIn]:
 
 
 @pytest_asyncio.fixture
-async def start_host(kubelet: KubeletStandIn, pytestconfig: pytest.Config) -> AsyncIterator[StartHost]:
+async def start_host(
+    kubelet: KubeletStandIn, pytestconfig: pytest.Config, devicehost_cdi_dir: Path
+) -> AsyncIterator[StartHost]:
     """Start real hosts serving into the ``kubelet`` fixture's dir; all stopped at teardown.
 
     ``backends`` defaults to the selected backend (``--devicehost-backend``), and ``config``'s
-    ``backends`` to its settings; ``hook_timeout`` defaults to 5 s.
+    ``backends`` to its settings; ``hook_timeout`` defaults to 5 s and ``cdi_dir`` to
+    ``devicehost_cdi_dir``.
     """
     async with contextlib.AsyncExitStack() as stack:
 
@@ -139,6 +199,7 @@ async def start_host(kubelet: KubeletStandIn, pytestconfig: pytest.Config) -> As
                 backends = [name]
                 config.setdefault("backends", {name: selected_settings(pytestconfig)})
             config.setdefault("hook_timeout", TEST_HOOK_TIMEOUT)
+            config.setdefault("cdi_dir", devicehost_cdi_dir)
             return await stack.enter_async_context(
                 running_host(kubelet.device_plugins_dir, backends, **config)
             )

@@ -7,14 +7,19 @@ With ``cdi: true`` it also shows how a backend publishes CDI specs (see ``device
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, StrictBool, field_validator
+
 import devicehost
 from devicehost import ContainerAllocation, Device, DeviceSpec, Mount, Resource, cdi
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RESOURCES = {"example.com/widget": 4}
 ENV_RESOURCES = "DEVICEHOST_EXAMPLE_RESOURCES"
@@ -35,11 +40,35 @@ def _cdi_spec(resource: str, count: int) -> cdi.Spec:
     return cdi.Spec(
         kind=resource,
         devices=[
-            cdi.Device(i, cdi.ContainerEdits(device_nodes=[cdi.DeviceNode(f"/dev/{i}", "/dev/null")]))
+            cdi.Device(
+                i, cdi.ContainerEdits(device_nodes=[cdi.DeviceNode(path=f"/dev/{i}", host_path="/dev/null")])
+            )
             for i in _widget_ids(resource, count)
         ],
-        edits=cdi.ContainerEdits(mounts=[cdi.Mount("/etc", "/etc/example", ("bind", "ro"))]),
+        edits=cdi.ContainerEdits(
+            mounts=[cdi.Mount(host_path="/etc", container_path="/etc/example", options=("bind", "ro"))]
+        ),
     )
+
+
+class ExampleSettings(BaseModel):
+    """``backends.example`` in the host config; the host checks it before ``devicehost_configure``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resources: dict[str, NonNegativeInt] | None = Field(
+        None, description="resource name -> widget count; unset: $DEVICEHOST_EXAMPLE_RESOURCES or 4 widgets"
+    )
+    numa_nodes: PositiveInt = Field(1, description="widgets are spread over this many NUMA nodes")
+    cdi: StrictBool = Field(False, description="publish a CDI spec and allocate by CDI name")
+    cdi_dir: str | None = Field(None, description="absolute dir for the CDI specs; unset: the host's cdi_dir")
+
+    @field_validator("cdi_dir")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
 
 
 class ExampleBackend:
@@ -52,30 +81,46 @@ class ExampleBackend:
         self._cdi_dir: Path | None = None  # None: the host's cdi_dir
         self._use_cdi = False
         self._notifiers: dict[str, devicehost.ResourceNotifier] = {}
-        self._spec_dirs: dict[str, Path] = {}  # resource -> where its CDI spec was written
+        self._specs: dict[str, tuple[Path, frozenset[str]]] = {}
+        """Started resources' CDI specs on disk: where each was written and the IDs it defines."""
+        self.scrubbed: list[tuple[str, tuple[str, ...]]] = []  # what devicehost_release scrubbed
 
     @devicehost.hookimpl
-    def devicehost_configure(self, settings: Mapping[str, Any]) -> None:
+    def devicehost_settings_model(self) -> type[ExampleSettings]:
+        return ExampleSettings
+
+    @devicehost.hookimpl
+    def devicehost_configure(self, settings: ExampleSettings | Mapping[str, Any]) -> None:
+        """The host hands over a checked :class:`ExampleSettings`; a bare mapping is checked here."""
+        if not isinstance(settings, ExampleSettings):
+            settings = ExampleSettings.model_validate(settings)  # a ValidationError is a ValueError
         env = os.environ.get(ENV_RESOURCES)
-        resources = settings.get("resources") or (_resources_from_env(env) if env else DEFAULT_RESOURCES)
-        numa_nodes = settings.get("numa_nodes", 1)
-        use_cdi = settings.get("cdi", False)
-        cdi_dir = settings.get("cdi_dir")
-        if not isinstance(resources, Mapping) or not all(
-            isinstance(count, int) and count >= 0 for count in resources.values()
-        ):
-            raise ValueError("settings.resources must map resource names to device counts >= 0")
-        if not isinstance(numa_nodes, int) or numa_nodes < 1:
-            raise ValueError("settings.numa_nodes must be an integer >= 1")
-        if not isinstance(use_cdi, bool):
-            raise ValueError("settings.cdi must be true or false")
-        if cdi_dir is not None and not (isinstance(cdi_dir, str) and cdi_dir.startswith("/")):
-            raise ValueError("settings.cdi_dir must be an absolute path")
+        resources = settings.resources or (_resources_from_env(env) if env else DEFAULT_RESOURCES)
         with self._lock:
             self._resources = dict(resources)
-            self._numa_nodes = numa_nodes
-            self._use_cdi = use_cdi
-            self._cdi_dir = Path(cdi_dir) if cdi_dir else None
+            self._numa_nodes = settings.numa_nodes
+            self._use_cdi = settings.cdi
+            self._cdi_dir = Path(settings.cdi_dir) if settings.cdi_dir else None
+            # A reload keeps started resources served and updates their devices in place, after
+            # this hook and before the discovery that reports the new widgets: specs follow now.
+            for resource in self._notifiers:
+                self._sync_spec(resource)
+
+    def _sync_spec(self, resource: str) -> None:
+        """Make ``resource``'s CDI spec on disk define exactly its widgets now (call holding the lock).
+
+        The new spec replaces the old one atomically before a spec in a directory the settings
+        no longer name is removed, so a name handed out before stays defined.
+        """
+        count = self._resources.get(resource, 0)
+        written = self._specs.pop(resource, None)
+        if self._use_cdi and count:  # a CDI spec needs at least one device
+            path = cdi.write_spec(_cdi_spec(resource, count), self._cdi_dir)
+            self._specs[resource] = (path.parent, frozenset(_widget_ids(resource, count)))
+            if written is not None and written[0] != path.parent:
+                cdi.remove_spec(resource, written[0])
+        elif written is not None:
+            cdi.remove_spec(resource, written[0])
 
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:
@@ -95,20 +140,20 @@ class ExampleBackend:
     def devicehost_start(self, resource: str, notifier: devicehost.ResourceNotifier) -> None:
         with self._lock:
             self._notifiers[resource] = notifier
-            count = self._resources.get(resource, 0)
-            if self._use_cdi and count:  # a CDI spec needs at least one device
-                path = cdi.write_spec(_cdi_spec(resource, count), self._cdi_dir)
-                self._spec_dirs[resource] = path.parent
+            self._sync_spec(resource)
 
     @devicehost.hookimpl
     def devicehost_stop(self, resource: str) -> None:
         with self._lock:
             self._notifiers.pop(resource, None)
-            spec_dir = self._spec_dirs.pop(resource, None)
-            if spec_dir is not None:  # where it was written, even if the settings moved since
-                cdi.remove_spec(resource, spec_dir)
+            written = self._specs.pop(resource, None)
+            if written is not None:  # where it was written, even if the settings moved since
+                cdi.remove_spec(resource, written[0])
 
-    def conformance_set_health(self, resource: str, device_id: str, health: devicehost.Health) -> None:
+    @devicehost.hookimpl
+    def devicehost_conformance_set_health(
+        self, resource: str, device_id: str, health: devicehost.Health
+    ) -> None:
         """A widget fault (or its repair), pushed the way a driver event would be: via the notifier."""
         with self._lock:
             notifier = self._notifiers[resource]
@@ -120,15 +165,26 @@ class ExampleBackend:
         envs = {f"EXAMPLE_{short.upper().replace('-', '_').replace('.', '_')}S": ",".join(device_ids)}
         with self._lock:
             unknown = set(device_ids) - set(_widget_ids(resource, self._resources.get(resource, 0)))
-            spec_written = resource in self._spec_dirs
+            written = self._specs.get(resource)
         if unknown:  # the host checks too, but a backend must not trust its callers
             raise ValueError(f"{resource} has no widgets {sorted(unknown)}")
-        if spec_written:  # the runtime adds the device nodes and the mount from the spec
+        if written is not None and written[1].issuperset(device_ids):
+            # Only names the spec on disk defines: the runtime adds the device nodes and the mount.
             return ContainerAllocation(
                 envs=envs, cdi_devices=[cdi.qualified_name(resource, i) for i in device_ids]
             )
         return ContainerAllocation(
             envs=envs,
-            mounts=[Mount("/etc/example", "/etc", read_only=True)],
-            devices=[DeviceSpec(f"/dev/{device_id}", "/dev/null", "rw") for device_id in device_ids],
+            mounts=[Mount(container_path="/etc/example", host_path="/etc", read_only=True)],
+            devices=[
+                DeviceSpec(container_path=f"/dev/{device_id}", host_path="/dev/null")
+                for device_id in device_ids
+            ],
         )
+
+    @devicehost.hookimpl
+    def devicehost_release(self, resource: str, device_ids: tuple[str, ...]) -> None:
+        """No container holds these widgets any more: scrub them before the next tenant."""
+        with self._lock:
+            self.scrubbed.append((resource, device_ids))
+        log.info("scrubbed %s widgets %s", resource, ", ".join(device_ids))

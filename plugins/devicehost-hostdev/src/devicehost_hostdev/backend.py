@@ -77,6 +77,14 @@ class HostdevBackend:
                     )
         nodes = by_container_path.values()
         return ContainerAllocation(
-            mounts=[Mount(n.container_path, n.host_path, n.read_only) for n in nodes if n.mount],
-            devices=[DeviceSpec(n.container_path, n.host_path, n.permissions) for n in nodes if not n.mount],
+            mounts=[
+                Mount(container_path=n.container_path, host_path=n.host_path, read_only=n.read_only)
+                for n in nodes
+                if n.mount
+            ],
+            devices=[
+                DeviceSpec(container_path=n.container_path, host_path=n.host_path, permissions=n.permissions)
+                for n in nodes
+                if not n.mount
+            ],
         )

@@ -24,5 +24,5 @@ def container_allocation(
     return ContainerAllocation(
         envs={} if cdi_kind else {VISIBLE_DEVICES_ENV: ",".join(uuids)},
         cdi_devices=[f"{cdi_kind}={uuid}" for uuid in uuids] if cdi_kind else [],
-        devices=[DeviceSpec(path, path, "rw") for path in paths] if device_specs else [],
+        devices=[DeviceSpec(container_path=path, host_path=path) for path in paths] if device_specs else [],
     )

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import structlog
+
 from devicehost import (
     ContainerAllocation,
     Device,
@@ -29,6 +31,8 @@ from devicehost_nvidia.discovery import GpuDiscovery
 from devicehost_nvidia.inventory import Inventory
 from devicehost_nvidia.nvml import Nvml
 from devicehost_nvidia.resource_health import ResourceHealth
+
+_log = structlog.get_logger(__name__)
 
 
 class NvidiaBackend:
@@ -114,6 +118,19 @@ class NvidiaBackend:
         return topology.preferred(
             request.available, request.must_include, request.size, inventory.gpu_of, inventory.nvlinked
         )
+
+    @hookimpl
+    def devicehost_release(self, resource: str, device_ids: tuple[str, ...]) -> None:
+        """Scrub whole GPUs no container holds; replicas share their GPU with others, so not those."""
+        with self._lock:
+            inventory, settings = self._checked(resource, device_ids)
+            nvml = self._discovery.nvml
+        if settings.replicas > 1:
+            _log.info("release_skipped", reason="time-sliced GPUs are shared", devices=list(device_ids))
+            return
+        for uuid in dict.fromkeys(inventory.gpu_of[i].uuid for i in device_ids):
+            nvml.scrub(uuid)
+            _log.info("gpu_scrubbed", uuid=uuid)
 
     def _checked(self, resource: str, device_ids: Sequence[str]) -> tuple[Inventory, Settings]:
         """The inventory and settings (lock held), once every ID is known; ValueError naming the others."""

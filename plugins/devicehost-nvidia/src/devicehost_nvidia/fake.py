@@ -107,6 +107,8 @@ class FakeNvml:
         self._lost: set[str] = set()
         self._event_sets: list[_FakeEventSet] = []
         self._broken = False
+        self.scrubbed: list[str] = []
+        """UUIDs of the GPUs scrubbed, in order."""
 
     def init(self) -> None:
         if not self._available:
@@ -137,6 +139,11 @@ class FakeNvml:
         with self._lock:
             if uuid in self._lost:
                 raise NvmlError(f"GPU {uuid} is lost", GPU_IS_LOST)
+
+    def scrub(self, uuid: str) -> None:
+        self.check(uuid)
+        with self._lock:
+            self.scrubbed.append(uuid)
 
     def event_set(self) -> _FakeEventSet:
         self._fail_if_broken()

@@ -17,6 +17,7 @@ import pynvml
 # NVML return codes the backend tells apart (stable across NVML versions).
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+_IN_USE = pynvml.NVML_ERROR_IN_USE
 _UNAVAILABLE = {pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED}
 
 
@@ -94,6 +95,9 @@ class Nvml(Protocol):
 
     def event_set(self) -> EventSet:
         """A new, empty event set."""
+
+    def scrub(self, uuid: str) -> None:
+        """Make a GPU no container uses any more fit for the next tenant; NvmlError when it is not."""
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -224,6 +228,23 @@ class PynvmlNvml:
             pynvml.nvmlDeviceGetMemoryInfo(device)
         except pynvml.NVMLError as error:
             raise _wrap(error) from error
+
+    def scrub(self, uuid: str) -> None:
+        """Refuse while processes remain, then reset the clocks a tenant may have set.
+
+        NVML has no public call that wipes memory or resets the whole GPU: a full reset is
+        ``nvidia-smi --gpu-reset -i <uuid>`` (and needs the GPU idle); the driver clears memory
+        on the next allocation of a context.
+        """
+        try:
+            device = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            left = pynvml.nvmlDeviceGetComputeRunningProcesses(device)
+            if left:
+                raise NvmlError(f"GPU {uuid} still runs {len(left)} processes", _IN_USE)
+            pynvml.nvmlDeviceResetApplicationsClocks(device)
+        except pynvml.NVMLError as error:
+            if getattr(error, "value", None) != NOT_SUPPORTED:
+                raise _wrap(error) from error
 
     def event_set(self) -> EventSet:
         try:

@@ -7,8 +7,9 @@ GPUs are chosen first, then IDs on them:
 2. Among the GPU sets that hold every ``must_include`` GPU, the best spans the fewest NUMA
    nodes, then has the most NVLink-connected pairs, then the most free replicas (least
    loaded), then the lowest indices. Small cases are searched exhaustively, large ones greedily.
-3. IDs: ``must_include`` first, then one replica per chosen GPU, then more replicas
-   round-robin over the chosen GPUs (all GPUs are chosen whenever ``size`` exceeds their number).
+3. IDs on the chosen GPUs: ``devicehost.policies.replica_spread`` (``must_include`` first, then
+   the GPUs with the fewest IDs chosen so far; all GPUs are chosen whenever ``size`` exceeds
+   their number).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+from devicehost import Device, PreferredAllocationRequest, policies
 from devicehost_nvidia.inventory import Gpu
 
 EXHAUSTIVE_LIMIT = 5000
@@ -73,10 +75,7 @@ def preferred(
     required = list({gpu_of[i].uuid: gpu_of[i] for i in must_include}.values())
     count = max(min(size, len(gpus)), len(required))
     chosen = _choose_gpus(list(gpus.values()), required, count, nvlinked, free)
-    answer = list(dict.fromkeys(must_include))
-    for gpu in chosen:
-        if len(answer) < size and not any(gpu_of[i].uuid == gpu.uuid for i in answer):
-            answer.append(by_gpu[gpu.uuid][0])
-    spare = [[i for i in by_gpu[gpu.uuid] if i not in answer] for gpu in chosen]
-    answer += [i for group in itertools.zip_longest(*spare) for i in group if i is not None]
-    return answer[:size]
+    on_chosen = [i for gpu in chosen for i in by_gpu[gpu.uuid]]
+    devices = [Device(i, group=gpu_of[i].uuid) for i in on_chosen]
+    request = PreferredAllocationRequest(tuple(on_chosen), tuple(dict.fromkeys(must_include)), size)
+    return list(policies.replica_spread(devices, request))

@@ -9,18 +9,13 @@ other backends keep their threads.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 import inspect
-import itertools
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pluggy
+from pydantic import BaseModel, ValidationError
 
 from devicehost.hookspecs import REQUIRED_HOOKS, rules, spec
 from devicehost.hookspecs.types import (
@@ -31,8 +26,8 @@ from devicehost.hookspecs.types import (
     Resource,
     ResourceNotifier,
 )
-
-MAX_THREADS_PER_BACKEND = 8
+from devicehost.host.backends.threads import Closed, Expired, HookThreads, NoThread
+from devicehost.host.config import describe_errors, model_keys, unknown_key
 
 
 class HookError(Exception):
@@ -52,8 +47,32 @@ class BackendBusy(HookError):
     """Every thread of the backend is taken by hooks that have not returned."""
 
 
+class SettingsRefused(HookError):
+    """The backend's settings model refused its settings; ``problems`` are ``key.path: why`` lines."""
+
+    def __init__(self, backend: str, problems: Sequence[str]) -> None:
+        super().__init__(backend, "settings", "do not fit its settings model: " + "; ".join(problems))
+        self.problems = tuple(problems)
+
+
 class BackendContractError(Exception):
     """The backend object breaks the contract; it is not loaded."""
+
+
+def _checked_implementations(plugin: object) -> dict[str, Any]:
+    """:func:`hook_implementations`, all synchronous and the required ones there, or BackendContractError."""
+    impls = hook_implementations(plugin)
+    asynchronous = sorted(
+        n for n, f in impls.items() if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+    )
+    if asynchronous:
+        raise BackendContractError(
+            f"hooks must be synchronous (plain def), these are async: {', '.join(asynchronous)}"
+        )
+    missing = [hook for hook in REQUIRED_HOOKS if hook not in impls]
+    if missing:
+        raise BackendContractError(f"does not implement required hook(s): {', '.join(missing)}")
+    return impls
 
 
 def hook_implementations(plugin: object) -> dict[str, Any]:
@@ -83,85 +102,104 @@ def new_plugin_manager(name: str, plugin: object) -> pluggy.PluginManager:
     return manager
 
 
+def declared_settings_model(manager: pluggy.PluginManager) -> type[BaseModel] | None:
+    """What the backend's ``devicehost_settings_model`` returns, checked to be a pydantic model."""
+    try:
+        model = manager.hook.devicehost_settings_model()
+    except Exception as exc:
+        raise BackendContractError(f"devicehost_settings_model raised {type(exc).__name__}: {exc}") from exc
+    if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise BackendContractError(
+            f"devicehost_settings_model must return a pydantic model class, not {model!r}"
+        )
+    return model
+
+
+def checked_settings(
+    name: str, model: type[BaseModel] | None, settings: Mapping[str, Any]
+) -> Mapping[str, Any] | BaseModel:
+    """``settings`` validated by ``model``; unknown top-level keys refused even if it allows extras.
+
+    :raises SettingsRefused: naming each bad key as ``backends.<name>.<key path>``.
+    """
+    if model is None:
+        return settings
+    prefix = ("backends", name)
+    problems = []
+    if model.model_config.get("extra") != "forbid":
+        accepted = model_keys(model)
+        problems = [
+            f"{'.'.join((*prefix, str(k)))}: {unknown_key(str(k), accepted)}"
+            for k in settings
+            if k not in accepted
+        ]
+    try:
+        value = model.model_validate(settings)
+    except ValidationError as exc:
+        problems += describe_errors(exc, model, prefix)
+    if problems:
+        raise SettingsRefused(name, problems)
+    return value
+
+
 class Backend:
     """A backend ready to call: ``await backend.allocate(...)`` and friends."""
 
     def __init__(self, name: str, plugin: object, hook_timeout: float) -> None:
-        impls = hook_implementations(plugin)
-        asynchronous = sorted(
-            n for n, f in impls.items() if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
-        )
-        if asynchronous:
-            raise BackendContractError(
-                f"hooks must be synchronous (plain def), these are async: {', '.join(asynchronous)}"
-            )
-        missing = [hook for hook in REQUIRED_HOOKS if hook not in impls]
-        if missing:
-            raise BackendContractError(f"does not implement required hook(s): {', '.join(missing)}")
+        impls = _checked_implementations(plugin)
         self.name = name
         self.hook_timeout = hook_timeout
+        self.distribution: str | None = None
+        """The distribution that installed the backend, and its version (set by the loader)."""
+        self.version: str | None = None
         try:
             self._pm = new_plugin_manager(name, plugin)
         except pluggy.PluginValidationError as exc:
             raise BackendContractError(str(exc)) from exc
         self._implemented = frozenset(impls)
-        self._executor = ThreadPoolExecutor(MAX_THREADS_PER_BACKEND, thread_name_prefix=f"backend-{name}")
-        self._running: dict[int, tuple[str, float]] = {}
-        self._threads = asyncio.Semaphore(MAX_THREADS_PER_BACKEND)
-        """Calls wait for a free thread (within their timeout) instead of queueing in the pool."""
-        self._call_ids = itertools.count()
+        self.settings_model = (
+            declared_settings_model(self._pm) if "devicehost_settings_model" in impls else None
+        )
+        """The pydantic model the backend declared for its settings, or None (a plain mapping)."""
+        self._threads = HookThreads(name)
         self.failures: Counter[str] = Counter()
         """Hook calls that raised, timed out or were refused as busy, by hook name."""
+
+    def validated_settings(self, settings: Mapping[str, Any]) -> Mapping[str, Any] | BaseModel:
+        """``settings`` checked by the backend's settings model (as is without one).
+
+        :raises SettingsRefused: naming each bad key as ``backends.<name>.<key path>``.
+        """
+        return checked_settings(self.name, self.settings_model, settings)
 
     @property
     def busy(self) -> bool:
         """Whether hook calls are still running (hung ones included)."""
-        return bool(self._running)
+        return bool(self._threads.running)
 
     def stuck_hooks(self) -> list[str]:
         """Hooks still running past the hook timeout (their threads never came back)."""
-        deadline = time.monotonic() - self.hook_timeout
-        return [hook for hook, started in list(self._running.values()) if started < deadline]
+        return self._threads.stuck(self.hook_timeout)
 
     def implements(self, hook: str) -> bool:
         """Whether the backend has an implementation of ``hook``."""
         return hook in self._implemented
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
-        """Run one hook in the backend's pool, bounded by the hook timeout (waiting for a thread included)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.hook_timeout
+        """Run one hook in the backend's threads, bounded by the hook timeout (waiting for a thread included)."""
         try:
-            if self._threads.locked():  # only then can acquiring wait: bound the wait
-                async with asyncio.timeout_at(deadline):
-                    await self._threads.acquire()
-            else:
-                await self._threads.acquire()
-        except TimeoutError:
+            return await self._threads.call(hook, getattr(self._pm.hook, hook), kwargs, self.hook_timeout)
+        except NoThread as exc:
             self.failures[hook] += 1
-            raise BackendBusy(
-                self.name, hook, f"not called: {len(self._running)} earlier hook calls have not returned"
-            ) from None
-        caller = getattr(self._pm.hook, hook)
-        context = contextvars.copy_context()
-        call = functools.partial(context.run, functools.partial(caller, **kwargs))
-        call_id = next(self._call_ids)
-        self._running[call_id] = (hook, time.monotonic())
-        future = loop.run_in_executor(self._executor, call)
-        future.add_done_callback(lambda _: self._finished(call_id))
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await asyncio.shield(future)  # a hung hook's thread runs on; we stop waiting
-        except TimeoutError:
+            raise BackendBusy(self.name, hook, str(exc)) from None
+        except Closed as exc:
+            raise HookError(self.name, hook, str(exc)) from None
+        except Expired:
             self.failures[hook] += 1
             raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None
         except Exception as exc:
             self.failures[hook] += 1
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
-
-    def _finished(self, call_id: int) -> None:
-        self._running.pop(call_id, None)
-        self._threads.release()
 
     def refuse(self, hook: str, problem: str) -> HookError:
         """Count and describe an answer that breaks the contract."""
@@ -169,7 +207,10 @@ class Backend:
         return HookError(self.name, hook, problem)
 
     async def configure(self, settings: Mapping[str, Any]) -> None:
-        await self._call("devicehost_configure", settings=settings)
+        """Check ``settings`` with the backend's model, then hand them to its configure hook."""
+        checked = self.validated_settings(settings)
+        if self.implements("devicehost_configure"):
+            await self._call("devicehost_configure", settings=checked)
 
     async def discover(self) -> list[Resource]:
         answer = await self._call("devicehost_discover")
@@ -184,12 +225,10 @@ class Backend:
         answer = await self._call("devicehost_health", resource=resource, devices=devices)
         if answer is None:
             return {}
-        if not isinstance(answer, Mapping):
-            raise self.refuse("devicehost_health", "must return a mapping of device ID to Health")
-        try:
-            return {str(k): Health(v) for k, v in answer.items()}
-        except ValueError as exc:
-            raise self.refuse("devicehost_health", f"returned an invalid health: {exc}") from None
+        problem = rules.health_problem(answer)
+        if problem:
+            raise self.refuse("devicehost_health", f"answer refused: {problem}")
+        return dict(answer)
 
     async def start(self, resource: str, notifier: ResourceNotifier) -> None:
         await self._call("devicehost_start", resource=resource, notifier=notifier)
@@ -208,6 +247,9 @@ class Backend:
     async def pre_start_container(self, resource: str, device_ids: tuple[str, ...]) -> None:
         await self._call("devicehost_pre_start_container", resource=resource, device_ids=device_ids)
 
+    async def release(self, resource: str, device_ids: tuple[str, ...]) -> None:
+        await self._call("devicehost_release", resource=resource, device_ids=device_ids)
+
     def close(self) -> None:
         """Let the backend's threads go; hung ones finish in the background."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from devicehost.hookspecs.types import Resource
-from devicehost.host.backends.backend import Backend, HookError
+from devicehost.host.backends.backend import Backend, HookError, SettingsRefused
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.state import BackendState
 
@@ -19,6 +20,22 @@ Settings = Mapping[str, Mapping[str, Any]]
 """Per-backend settings, by backend name (the config's ``backends`` key)."""
 
 
+async def refused_settings(backends: Sequence[Backend], settings: Settings) -> dict[str, str]:
+    """A dry run of each backend's settings (its model, then its configure hook): refusals by name.
+
+    Nothing is served; ``devicehost config check`` and ``devicehost run`` (before it serves) use it.
+    """
+    refused: dict[str, str] = {}
+    for backend in backends:
+        try:
+            await backend.configure(settings.get(backend.name, {}))
+        except SettingsRefused as exc:
+            refused[backend.name] = "\n".join(exc.problems)
+        except HookError as exc:
+            refused[backend.name] = f"backends.{backend.name}: {exc}"
+    return refused
+
+
 class BackendSet:
     """Backends by name; one whose settings are refused moves to :attr:`failed`."""
 
@@ -26,6 +43,7 @@ class BackendSet:
         self.loaded = {b.name: b for b in loaded}
         self.failed: dict[str, str] = dict(failed or {})
         """Backends that did not load or whose settings were refused, with the reason."""
+        self._announced: weakref.WeakSet[Backend] = weakref.WeakSet()
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(list(self.loaded.values()))
@@ -37,11 +55,17 @@ class BackendSet:
                 del self.loaded[backend.name]
                 backend.close()
 
-    async def discover_all(self) -> list[tuple[Backend, Sequence[Resource] | None]]:
-        """One discovery of every backend, at once; None for a backend whose discovery failed."""
-        backends = list(self)
-        answers = await asyncio.gather(*(self._discover(b) for b in backends))
-        return list(zip(backends, answers, strict=True))
+    def _announce(self, backend: Backend, answer: Sequence[Resource] | None) -> None:
+        """One line per backend, at its first discovery: where it came from, what it offers."""
+        if backend not in self._announced:
+            self._announced.add(backend)
+            log.info(
+                "backend loaded",
+                backend=backend.name,
+                distribution=backend.distribution,
+                version=backend.version,
+                resources=sorted(r.name for r in answer or ()),
+            )
 
     async def reconfigure(self, name: str, settings: Mapping[str, Any]) -> None:
         """New settings for a loaded backend; one that refuses them keeps its previous ones."""
@@ -89,20 +113,21 @@ class BackendSet:
         )
         return loaded + tuple(BackendState(name, False, reason) for name, reason in self.failed.items())
 
-    async def _discover(self, backend: Backend) -> Sequence[Resource] | None:
+    async def discover(self, backend: Backend) -> Sequence[Resource] | None:
+        """One discovery of ``backend``; None when it failed (logged)."""
         try:
-            return await backend.discover()
+            answer = await backend.discover()
         except HookError as exc:
             log.error(
                 "discovery failed, keeping this backend's resources as they are",
                 backend=backend.name,
                 error=str(exc),
             )
-            return None
+            answer = None
+        self._announce(backend, answer)
+        return answer
 
     async def _configure(self, backend: Backend, settings: Mapping[str, Any]) -> bool:
-        if not backend.implements("devicehost_configure"):
-            return True
         try:
             await backend.configure(settings)
         except HookError as exc:

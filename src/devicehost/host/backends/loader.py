@@ -7,7 +7,7 @@ must fix what, and the others load anyway.
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from stevedore import ExtensionManager, NamedExtensionManager
 
 from devicehost.hookspecs import ENTRY_POINT_GROUP
 from devicehost.host.backends.backend import Backend, BackendContractError
+from devicehost.host.config import HostConfig, nearest
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +40,37 @@ class UnknownBackendError(LookupError):
     """The allow-list names backends that are not installed."""
 
 
+def unknown_names_problem(named: Mapping[str, Iterable[str]], installed: Sequence[str]) -> str | None:
+    """Why the backend names given are wrong (None when every one is installed).
+
+    :param named: the names by where they were given (``enabled_backends``, ``disabled_backends``,
+        ``backends``); ``--backend``, ``--disable``, the environment and the file all end up there.
+    """
+    unknown = {name: where for where, names in named.items() for name in names if name not in installed}
+    if not unknown:
+        return None
+    described = []
+    for name, where in unknown.items():
+        guess = nearest(name, installed)
+        described.append(f"{name} (in {where}{f', did you mean {guess!r}?' if guess else ''})")
+    return f"unknown backend(s): {'; '.join(described)}; installed: {', '.join(installed) or 'none'}"
+
+
+def check_names(config: HostConfig) -> None:
+    """Every backend the config names is installed.
+
+    :raises UnknownBackendError: naming each unknown one, where it was named, and what is installed.
+    """
+    named = {
+        "enabled_backends": config.enabled_backends,
+        "disabled_backends": config.disabled_backends,
+        "backends": tuple(config.backends),
+    }
+    problem = unknown_names_problem(named, installed_backend_names())
+    if problem:
+        raise UnknownBackendError(problem)
+
+
 def installed_backend_names() -> list[str]:
     """The entry-point names of every installed backend, sorted."""
     return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
@@ -56,16 +88,15 @@ def enabled_backend_names(enabled: Sequence[str], disabled: Sequence[str]) -> li
 
 
 def _distribution(entry_point: Any) -> tuple[str | None, str | None]:
-    """The distribution and version that ship an entry point's module."""
-    module = entry_point.value.split(":")[0].strip()
-    top = module.split(".")[0]
-    names = importlib.metadata.packages_distributions().get(top) or []
-    if not names:
+    """The distribution that declares an entry point, and its version.
+
+    Read from the entry point itself: mapping modules to distributions would read every installed
+    package's file list, on the way to the first registration.
+    """
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
         return None, None
-    try:
-        return names[0], importlib.metadata.version(names[0])
-    except importlib.metadata.PackageNotFoundError:
-        return names[0], None
+    return dist.name, dist.version
 
 
 def _extensions(enabled: Sequence[str], names: Sequence[str], failures: dict[str, str]) -> dict[str, Any]:
@@ -104,6 +135,7 @@ def _load_one(
         try:
             plugin = target() if isinstance(target, type) else target
             backend = Backend(name, plugin, hook_timeout)
+            backend.distribution, backend.version = dist, version
         except BackendContractError as exc:
             error = f"breaks the backend contract: {exc}; the backend's author must fix it"
         except Exception as exc:
@@ -118,10 +150,11 @@ def load_backends(
 ) -> list[BackendStatus]:
     """Load the allowed backends (all installed ones when ``enabled`` is empty), in a fixed order."""
     entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    unknown = sorted(set(enabled) - set(entry_points))
-    if unknown:
-        installed = ", ".join(sorted(entry_points)) or "none"
-        raise UnknownBackendError(f"unknown backend(s): {', '.join(unknown)} (installed: {installed})")
+    problem = unknown_names_problem(
+        {"enabled_backends": enabled, "disabled_backends": disabled}, sorted(entry_points)
+    )
+    if problem:
+        raise UnknownBackendError(problem)
     names = [n for n in enabled if n not in disabled]
     failures: dict[str, str] = {}
     targets = _extensions(enabled, names, failures)

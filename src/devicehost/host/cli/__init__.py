@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from devicehost.host.cli import cmd_backends, cmd_config, cmd_run, cmd_status
-from devicehost.host.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed
+from devicehost.host.cli import cmd_backends, cmd_config, cmd_new_backend, cmd_run, cmd_status
+from devicehost.host.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, Parser
 
 if TYPE_CHECKING:
     from devicehost.host.cli.common import Commands, ConfigLoader, Handler
@@ -26,15 +26,37 @@ COMMANDS: tuple[Callable[[Commands], None], ...] = (
     cmd_backends.add_parser,
     cmd_config.add_parser,
     cmd_status.add_parser,
+    cmd_new_backend.add_parser,
 )
 """Each command's parser, in the order ``--help`` lists them."""
 
 
+class VersionAction(argparse.Action):
+    """``--version``: the installed distribution's version, read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        import devicehost
+
+        print(f"devicehost {devicehost.__version__}")
+        parser.exit()
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line; an unknown flag is reported with the usage of its own command."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        command_parser: argparse.ArgumentParser = args.command_parser
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="devicehost", description="One host process for Kubernetes device plugins."
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = Parser(prog="devicehost", description="One host process for Kubernetes device plugins.")
+    parser.add_argument("--version", action=VersionAction, help="print devicehost's version and exit")
+    commands = cast("Commands", parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     for add_parser in COMMANDS:
         add_parser(commands)
     return parser
@@ -42,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, build the configuration, run the command; its exit status (2 for usage errors)."""
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     from devicehost.host.config import ConfigError
 
     load_config: ConfigLoader = args.load_config

@@ -54,12 +54,13 @@ def describe(status: BackendStatus) -> str:
 
 async def discover(backend: Backend, config: HostConfig) -> str:
     """The backend's resources, one indented line each, after configuring it as the host would."""
-    from devicehost.host.backends.backend import HookError
+    from devicehost.host.backends.backend import HookError, SettingsRefused
 
     try:
-        if backend.implements("devicehost_configure"):
-            await backend.configure(config.backends.get(backend.name, {}))
+        await backend.configure(config.backends.get(backend.name, {}))
         resources = await backend.discover()
+    except SettingsRefused as exc:
+        return "\n".join(f"    settings refused: {problem}" for problem in exc.problems)
     except HookError as exc:
         return f"    discovery failed: {exc}"
     if not resources:

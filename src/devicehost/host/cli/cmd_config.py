@@ -6,7 +6,15 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devicehost.host.cli.common import EXIT_OK, add_config_options, set_handler
+from devicehost.host.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandFailed,
+    add_config_options,
+    load_backend_statuses,
+    set_handler,
+    settings_problems,
+)
 
 if TYPE_CHECKING:
     from devicehost.host.cli.common import Commands
@@ -32,7 +40,30 @@ def config_from_file_only(args: argparse.Namespace) -> HostConfig:
 
 
 def check_command(args: argparse.Namespace, config: HostConfig) -> int:
-    """FILE was valid (``main`` reports an invalid one before any handler runs)."""
+    """What ``run`` would refuse: unknown backend names, and each enabled backend's settings.
+
+    ``main`` has reported unknown keys and wrong types before any handler runs. Each enabled
+    backend checks its own settings in a dry run (its settings model, then its configure hook);
+    nothing is served.
+    """
+    import sys
+
+    from devicehost.host.backends.loader import UnknownBackendError, check_names
+    from devicehost.host.logs import configure_logging
+
+    try:
+        check_names(config)
+    except UnknownBackendError as exc:
+        raise CommandFailed(f"{args.file}: {exc}", EXIT_USAGE) from exc
+    configure_logging("error", config.log_format, sys.stderr)
+    backends = [s.backend for s in load_backend_statuses(config) if s.backend is not None]
+    try:
+        refused = settings_problems(backends, config)
+    finally:
+        for backend in backends:
+            backend.close()
+    if refused:
+        raise CommandFailed(f"{args.file}: backend settings refused:\n  " + "\n  ".join(refused), EXIT_USAGE)
     print(f"{args.file}: valid")
     return EXIT_OK
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from devicehost.host.cli.common import (
@@ -18,10 +17,11 @@ from devicehost.host.cli.common import (
     BackendLoadFailed,
     CommandFailed,
     add_config_options,
+    checked_config,
     config_file_of,
-    config_from_args,
     load_backend_statuses,
     set_handler,
+    settings_problems,
 )
 
 if TYPE_CHECKING:
@@ -35,49 +35,71 @@ def add_parser(commands: Commands) -> None:
     run = commands.add_parser("run", help="serve every backend's resources to the kubelet")
     add_config_options(run)
     run.add_argument(
-        "--device-plugins-dir",
-        type=Path,
-        metavar="DIR",
-        help="the kubelet's device-plugins dir (default /var/lib/kubelet/device-plugins; "
-        "env DEVICEHOST_DEVICE_PLUGINS_DIR)",
-    )
-    run.add_argument(
-        "--rediscover-interval", type=float, metavar="SECONDS", help="seconds between discoveries"
-    )
-    run.add_argument("--health-interval", type=float, metavar="SECONDS", help="seconds between health polls")
-    run.add_argument(
         "--simulate-kubelet",
         action="store_true",
         help="run a built-in kubelet stand-in in a temporary dir and show what it sees",
     )
-    set_handler(run, run_command)
+    set_handler(run, run_command, load_config=checked_config)
+
+
+SIMULATED_DIR = (
+    "--device-plugins-dir cannot apply with --simulate-kubelet: the simulated kubelet serves "
+    "a temporary dir of its own; drop one of the two"
+)
 
 
 def run_command(args: argparse.Namespace, config: HostConfig) -> int:
-    """Load the backends, check the socket dirs, serve until a signal, then leave at once."""
+    """Load the backends, check their settings and the socket dirs, serve until a signal, then leave."""
+    listen_for_probes(config)  # first: probes wait in the backlog instead of being refused
     from devicehost.host import app
     from devicehost.host.logs import configure_logging
 
+    if args.simulate_kubelet and args.device_plugins_dir is not None:
+        raise CommandFailed(SIMULATED_DIR, EXIT_USAGE)
     configure_logging(config.log_level, config.log_format)
     statuses = load_backend_statuses(config)
     backends = [s.backend for s in statuses if s.backend is not None]
     failed = {s.name: s.error for s in statuses if s.error is not None}
     if not backends:
         raise BackendLoadFailed(NO_BACKEND, EXIT_FAILED)
+    refused = settings_problems(backends, config)
+    if refused:
+        raise CommandFailed("backend settings refused:\n  " + "\n  ".join(refused), EXIT_USAGE)
     if args.simulate_kubelet:
         from devicehost.host.simulate import run_simulated as serve
     else:
         check_socket_dirs(config)
         serve = app.run_host
-    app.run_process(
-        lambda: serve(
-            config,
-            backends,
-            failed_backends=failed,
-            reload_config=functools.partial(config_from_args, args),
-            config_file=config_file_of(args),
+    try:
+        app.run_process(
+            lambda: serve(
+                config,
+                backends,
+                failed_backends=failed,
+                reload_config=functools.partial(checked_config, args),
+                config_file=config_file_of(args),
+            )
         )
-    )
+    except OSError as exc:  # a metrics address in use, a dir that went away: one line, no traceback
+        raise CommandFailed(f"cannot start: {exc}", EXIT_FAILED) from exc
+
+
+def listen_for_probes(config: HostConfig) -> None:
+    """Listen on ``metrics_address`` before the slow imports and the backends' loading.
+
+    :raises CommandFailed: one line, when the address is taken or malformed.
+    """
+    from devicehost.host.sockets import listen_early
+
+    if not config.metrics_address:
+        return
+    try:
+        listen_early(config.metrics_address)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CommandFailed(
+            f"cannot listen on metrics address {config.metrics_address}: {reason}", EXIT_USAGE
+        ) from exc
 
 
 def check_socket_dirs(config: HostConfig) -> None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devicehost.host.cli.common import set_handler
+from devicehost.host.cli.common import EXIT_USAGE, CommandFailed, set_handler
 
 if TYPE_CHECKING:
     from devicehost.host.cli.common import Commands
@@ -25,8 +25,14 @@ def add_parser(commands: Commands) -> None:
 
 
 def status_command(args: argparse.Namespace, config: HostConfig) -> int:
-    """0 when printed, 1 when no host answers, 2 when there is no address to ask."""
+    """0 when printed, 1 when no host answers, 2 when there is no address to ask or it is malformed."""
+    from devicehost.host.config import check_address
     from devicehost.host.ops.status import print_status
 
     address: str = args.address or config.metrics_address
+    if address:
+        try:
+            check_address(address)
+        except ValueError as exc:
+            raise CommandFailed(f"--address {address}: {exc}", EXIT_USAGE) from None
     return print_status(address)

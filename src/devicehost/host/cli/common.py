@@ -7,11 +7,12 @@ inside the functions), so ``devicehost --help`` stays quick.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
+    from devicehost.host.backends.backend import Backend
     from devicehost.host.backends.loader import BackendStatus
     from devicehost.host.config import HostConfig
 
@@ -27,20 +28,13 @@ Handler = Callable[[argparse.Namespace, "HostConfig"], int]
 ConfigLoader = Callable[[argparse.Namespace], "HostConfig"]
 """How a command builds its configuration from the parsed arguments."""
 
-CONFIG_KEYS = (
-    "device_plugins_dir",
-    "plugins_registry_dir",
-    "registration_mode",
-    "metrics_address",
-    "enabled_backends",
-    "disabled_backends",
-    "rediscover_interval",
-    "health_interval",
-    "hook_timeout",
-    "log_level",
-    "log_format",
-)
-"""The config keys a command-line flag may set; a command without the flag leaves the key alone."""
+
+class Parser(argparse.ArgumentParser):
+    """Every ``devicehost`` parser: no abbreviated flags (``--metrics-addres`` is a typo, not a flag)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
 
 class CommandFailed(Exception):
@@ -60,44 +54,46 @@ def set_handler(
     parser: argparse.ArgumentParser, handler: Handler, load_config: ConfigLoader | None = None
 ) -> None:
     """Make ``parser``'s command run ``handler`` on the config ``load_config`` builds (flags, env, file)."""
-    parser.set_defaults(handler=handler, load_config=load_config or config_from_args)
+    parser.set_defaults(handler=handler, load_config=load_config or config_from_args, command_parser=parser)
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """The flags that select the config file, the backends, the hook timeout and the logging."""
-    parser.add_argument("--config", type=Path, help="YAML config file (env DEVICEHOST_CONFIG)")
-    parser.add_argument(
-        "--backend",
-        dest="enabled_backends",
-        action="append",
-        metavar="NAME",
-        help="load only this backend; repeatable (env DEVICEHOST_BACKENDS=a,b)",
-    )
-    parser.add_argument(
-        "--disable",
-        dest="disabled_backends",
-        action="append",
-        metavar="NAME",
-        help="never load this backend; repeatable (env DEVICEHOST_DISABLED_BACKENDS=a,b)",
-    )
-    parser.add_argument(
-        "--hook-timeout", type=float, metavar="SECONDS", help="seconds a backend hook may run (default 10)"
-    )
-    parser.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        help="lowest level logged (default info)",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=["auto", "json", "console"],
-        help="json off a terminal, console on one (default auto)",
-    )
+    """``--config`` and one flag per config key, generated from the config model."""
+    from devicehost.host.config import ENV_CONFIG, settings
+
+    parser.add_argument("--config", type=Path, metavar="FILE", help=f"YAML config file (env {ENV_CONFIG})")
+    for setting in settings():
+        where = f"config key {setting.key}, env {setting.env}"
+        options: dict[str, Any] = {"dest": setting.key, "help": f"{setting.description} ({where})"}
+        if setting.shape == "switch":
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options["metavar"] = setting.metavar
+        if setting.shape == "list":
+            options["action"] = "append"
+            options["help"] = f"{setting.description}; repeatable, or a,b ({where})"
+        if setting.choices:
+            options["choices"] = setting.choices
+            del options["metavar"]
+        parser.add_argument(setting.flag, **options)
 
 
 def config_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys the command line gives (None where a flag is absent or not given)."""
-    return {key: getattr(args, key, None) for key in CONFIG_KEYS}
+    """The config keys the command line gives, parsed as the environment's are; absent flags left out."""
+    from devicehost.host.config import settings
+
+    values: dict[str, Any] = {}
+    for setting in settings():
+        given = getattr(args, setting.key, None)
+        if given is None:
+            continue
+        if setting.shape == "list":
+            values[setting.key] = [name for text in given for name in setting.parse(text)]
+        elif setting.shape == "switch":
+            values[setting.key] = given
+        else:
+            values[setting.key] = setting.parse(given)
+    return values
 
 
 def config_from_args(args: argparse.Namespace) -> HostConfig:
@@ -105,6 +101,34 @@ def config_from_args(args: argparse.Namespace) -> HostConfig:
     from devicehost.host.config import build_config
 
     return build_config(getattr(args, "config", None), config_values(args))
+
+
+def checked_config(args: argparse.Namespace) -> HostConfig:
+    """:func:`config_from_args`, refused also when it names a backend that is not installed.
+
+    What ``run`` starts with and what it reloads: the same checks both times.
+
+    :raises ConfigError: an invalid config, or unknown backend names.
+    """
+    from devicehost.host.backends.loader import UnknownBackendError, check_names
+    from devicehost.host.config import ConfigError
+
+    config = config_from_args(args)
+    try:
+        check_names(config)
+    except UnknownBackendError as exc:
+        raise ConfigError(str(exc)) from exc
+    return config
+
+
+def settings_problems(backends: Sequence[Backend], config: HostConfig) -> list[str]:
+    """A dry run of every backend's settings (model, then configure hook): ``key.path: why`` lines."""
+    import asyncio
+
+    from devicehost.host.backends.backend_set import refused_settings
+
+    refused = asyncio.run(refused_settings(backends, config.backends))
+    return [line for problems in refused.values() for line in problems.splitlines()]
 
 
 def config_file_of(args: argparse.Namespace) -> Path | None:

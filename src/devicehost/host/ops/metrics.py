@@ -85,6 +85,13 @@ _RESOURCE_FAMILIES: tuple[_Family[ResourceState], ...] = (
     ),
     _Family(
         CounterMetricFamily,
+        "devicehost_registration_failed_tries",
+        "Registration tries that failed and were retried with backoff",
+        (),
+        lambda r: [((), r.failed_tries)],
+    ),
+    _Family(
+        CounterMetricFamily,
         "devicehost_allocations",
         "Allocate calls answered",
         (),
@@ -96,6 +103,20 @@ _RESOURCE_FAMILIES: tuple[_Family[ResourceState], ...] = (
         "Calls from the kubelet answered with an error, by gRPC code",
         ("code",),
         lambda r: _by_key(r.errors.items()),
+    ),
+    _Family(
+        GaugeMetricFamily,
+        "devicehost_device_holder",
+        "1 per device the kubelet assigns to a container (pod-resources API)",
+        ("device", "namespace", "pod", "container"),
+        lambda r: [((d, h.namespace, h.pod, h.container), 1) for d, h in sorted(r.holders.items())],
+    ),
+    _Family(
+        CounterMetricFamily,
+        "devicehost_device_releases",
+        "Device sets handed to the backend's release hook",
+        (),
+        lambda r: [((), r.releases)],
     ),
 )
 
@@ -147,6 +168,8 @@ class _StateCollector(Collector):
         """The families without samples, so registering does not take a snapshot."""
         yield from (family.empty(_RESOURCE_LABELS) for family in _RESOURCE_FAMILIES)
         yield from (family.empty(_BACKEND_LABELS) for family in _BACKEND_FAMILIES)
+        yield GaugeMetricFamily("devicehost_ready", "1 when the host is ready (as /readyz)")
+        yield GaugeMetricFamily("devicehost_live", "1 when the host is live (as /healthz)")
 
     def collect(self) -> Iterator[Metric]:
         state = self._snapshot()
@@ -155,6 +178,12 @@ class _StateCollector(Collector):
         # Loaded backends first, then the ones that failed, each in the snapshot's order.
         backends = sorted(state.backends, key=lambda b: not b.loaded)
         yield from _families(_BACKEND_FAMILIES, _BACKEND_LABELS, (((b.name,), b) for b in backends))
+        yield GaugeMetricFamily(
+            "devicehost_ready", "1 when the host is ready (as /readyz)", 1 if state.ready else 0
+        )
+        yield GaugeMetricFamily(
+            "devicehost_live", "1 when the host is live (as /healthz)", 1 if state.live else 0
+        )
 
 
 class HostMetrics:

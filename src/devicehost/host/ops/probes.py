@@ -1,13 +1,16 @@
 """HTTP for operators, on ``metrics_address``: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``.
 
 Served by aiohttp on the host's own event loop, so an answer from ``/healthz`` also proves the
-loop is not blocked. Every answer reads one :class:`~devicehost.host.state.HostState` taken for
-that request; readiness and liveness are the snapshot's own :attr:`~HostState.ready` and
-:attr:`~HostState.live`, so ``/readyz``, ``/healthz`` and ``/status`` cannot disagree.
+loop is not blocked. It starts before anything else of the host, answering live but not ready
+until the host runs. Every answer reads one :class:`~devicehost.host.state.HostState` taken for
+that request; readiness and liveness are the snapshot's own :attr:`~HostState.ready` (with
+:attr:`~HostState.problems`) and :attr:`~HostState.live`, so ``/readyz``, ``/healthz``,
+``/status`` and the metrics cannot disagree. No backend can fail ``/healthz``.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 from aiohttp import web
@@ -21,8 +24,17 @@ from devicehost.host.state import HostState
 class ProbeServer:
     """The operator endpoints of one host, reading the host through ``snapshot``."""
 
-    def __init__(self, snapshot: Callable[[], HostState], metrics: HostMetrics, address: str) -> None:
-        """:param address: ``BIND:PORT``; an empty ``BIND`` listens on every interface."""
+    def __init__(
+        self,
+        snapshot: Callable[[], HostState],
+        metrics: HostMetrics,
+        address: str,
+        listener: socket.socket | None = None,
+    ) -> None:
+        """:param address: ``BIND:PORT``; an empty ``BIND`` listens on every interface.
+        :param listener: a socket already listening on ``address`` (bound early), to serve instead.
+        """
+        self._listener = listener
         self._snapshot = snapshot
         self._metrics = metrics
         self.bind, _, port = address.rpartition(":")
@@ -36,7 +48,11 @@ class ProbeServer:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.bind or None, self.port)
+        site: web.BaseSite
+        if self._listener is not None:
+            site = web.SockSite(self._runner, self._listener)
+        else:
+            site = web.TCPSite(self._runner, self.bind or None, self.port)
         await site.start()
 
     async def stop(self) -> None:
@@ -46,20 +62,17 @@ class ProbeServer:
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        """Liveness: the host alone (its loop runs; answering proves the event loop is not blocked)."""
         state = self._snapshot()
         if not state.live:
-            lines = [
-                f"{name}: {', '.join(hooks)} stuck past the hook timeout"
-                for name, hooks in state.stuck.items()
-            ]
-            return web.Response(status=503, text="\n".join(lines) + "\n")
+            return web.Response(status=503, text=f"host: {state.loop}\n")
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
+        """Readiness: every backend loaded and unstuck, every resource registered and streaming."""
         state = self._snapshot()
         if not state.ready:
-            waiting = ", ".join(sorted(state.waiting)) or "(discovery has not run yet)"
-            return web.Response(status=503, text=f"not registered and streaming: {waiting}\n")
+            return web.Response(status=503, text="not ready:\n" + "".join(f"  {p}\n" for p in state.problems))
         return web.Response(text=f"ok: {len(state.resources)} resources registered\n")
 
     async def _status(self, _: web.Request) -> web.Response:

@@ -25,6 +25,10 @@ def _resource(state: ResourceState) -> dict[str, Any]:
         "healthy": state.healthy,
         "registrations": state.registration_count,
         "allocations": state.allocations,
+        "holders": {device: str(holder) for device, holder in sorted(state.holders.items())},
+        "releases": state.releases,
+        "releasing": list(state.releasing),
+        "failed_tries": state.failed_tries,
     }
 
 
@@ -39,8 +43,10 @@ def document(state: HostState) -> dict[str, Any]:
             **{b.name: {"status": "failed", "reason": b.reason} for b in failed},
         },
         "resources": {r.name: _resource(r) for r in sorted(state.resources, key=lambda r: r.name)},
+        "device_release": state.device_release,
         "ready": state.ready,
         "live": state.live,
+        "problems": list(state.problems),
     }
 
 
@@ -60,6 +66,8 @@ def print_status(address: str) -> int:
         return 1
     print(f"kubelet: {state['kubelet']['socket']} ({'present' if state['kubelet']['present'] else 'absent'})")
     print(f"ready: {'yes' if state['ready'] else 'no'}   live: {'yes' if state['live'] else 'no'}")
+    for problem in state.get("problems", []):
+        print(f"  not ready: {problem}")
     print("backends:")
     for name, info in state["backends"].items():
         detail = info.get("reason") or ", ".join(info.get("stuck_hooks", [])) or ""
@@ -71,4 +79,7 @@ def print_status(address: str) -> int:
             f" {r['healthy']}/{r['devices']} healthy  streams={r['streams']}"
             f" registrations={r['registrations']} allocations={r['allocations']}"
         )
+        for device, holder in r.get("holders", {}).items():
+            print(f"    {device:<38} held by {holder}")
+    print(f"device release: {state.get('device_release', 'off')}")
     return 0

@@ -20,11 +20,15 @@ from devicehost.host.kubelet.client import RegisterError
 from devicehost.host.serving.registration import (
     BACKOFF_INITIAL,
     BACKOFF_MAX,
+    STABLE_AFTER,
+    Backoff,
     Endpoint,
     RegisterClient,
     RegistrarLoop,
     SocketWatch,
 )
+
+LOST_SOON = "the kubelet ended the stream soon after registering"
 
 
 @dataclass
@@ -48,6 +52,9 @@ class KubeletRegistrar(RegistrarLoop):
         self._registered_generation: int | None = None
         self._tried_generation: int | None = None
         """The kubelet.sock generation of the last Register, whether it succeeded or failed."""
+        self._backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
+        self._backoff_generation: int | None = None
+        self._registered_at = 0.0
 
     @property
     def registered(self) -> bool:
@@ -68,8 +75,8 @@ class KubeletRegistrar(RegistrarLoop):
 
     async def _run(self) -> None:
         log = self._endpoint.log
-        delay = BACKOFF_INITIAL
         reason = "start"
+        self._backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
         while True:
             self._wake.clear()
             if self._endpoint.socket.gone():
@@ -78,6 +85,9 @@ class KubeletRegistrar(RegistrarLoop):
                 self._registered_generation = None  # serving again ended the kubelet's stream
                 reason = "socket removed"
             generation = self._watch.generation
+            if generation != self._backoff_generation:
+                self._backoff.reset()  # a new kubelet.sock: start again from the shortest delay
+                self._backoff_generation = generation
             if self._watch.inode is None:
                 log.info("waiting for the kubelet", socket=str(self._watch.kubelet_socket))
                 await self._watch.wait_present()
@@ -87,19 +97,56 @@ class KubeletRegistrar(RegistrarLoop):
                 await self._wake.wait()
                 reason = "kubelet restarted" if self._watch.generation != generation else "stream lost"
                 continue
-            if self._stream_lost:
+            if self._stream_lost and self._registered_generation not in (None, generation):
+                self._stream_lost = False  # the kubelet restarted, and its stream ended with it
+                reason = "kubelet restarted"
+            elif self._stream_lost:
                 reason = "stream lost"
+                if await self._back_off_after_loss() or self._watch.generation != generation:
+                    continue  # the wait was cut short by a change: look again
             try:
                 await self._register(generation, reason)
             except RegisterError as exc:
                 self._registered_generation = None
-                log.warning("register failed", error=str(exc), retry_in=round(delay, 3))
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()
-                delay = min(delay * 2, BACKOFF_MAX)
-                continue
-            delay = BACKOFF_INITIAL
+                # a change of kind (the status code), not of wording, is what gets logged again
+                delay, changed = self._backoff.fail(f"register failed: {str(exc).split(':', 1)[0]}")
+                self.stats.failed_tries += 1
+                if changed:  # once per change of error, not once per try
+                    log.warning("register failed", error=str(exc), retry_in=round(delay, 3))
+                await self._wait(delay)
+
+    async def _back_off_after_loss(self) -> bool:
+        """A stream lost soon after its registration is one more failure: wait the backoff first.
+
+        True when the wait ended early (a newer kubelet.sock, or our socket gone).
+        """
+        log = self._endpoint.log
+        held = time.monotonic() - self._registered_at
+        if held >= STABLE_AFTER:
+            failures = self._backoff.reset()
+            if failures:
+                log.info("the registration held again", failed_tries=failures)
+            log.warning("ListAndWatch stream ended by the kubelet, registering again")
+            return False
+        delay, changed = self._backoff.fail(LOST_SOON)
+        self.stats.failed_tries += 1
+        if changed:
+            log.warning(
+                "the kubelet keeps ending the stream soon after registering; backing off",
+                held_s=round(held, 3),
+                retry_in=round(delay, 3),
+            )
+        self._stream_lost = False
+        self._registered_generation = None  # lost: whatever wakes the wait, register next
+        return await self._wait(delay)
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless woken first; True when woken."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+                return True
+        return False
 
     async def _register(self, generation: int, reason: str) -> None:
         """End the old streams, start a new epoch, and register once."""
@@ -111,10 +158,13 @@ class KubeletRegistrar(RegistrarLoop):
         started = time.monotonic()
         await self._client.register(endpoint.name, endpoint.socket.name, endpoint.options)
         self._registered_generation = generation
-        self.stats.record(reason, time.monotonic() - started)
-        endpoint.log.info(
-            "registered",
-            reason=reason,
-            registrations=self.stats.count,
-            took_ms=round((self.stats.last_seconds or 0) * 1000, 2),
-        )
+        self._registered_at = time.monotonic()
+        self.stats.record(reason, self._registered_at - started)
+        if self._backoff.problem != LOST_SOON or self._backoff.failures <= 1:  # a run of losses: the first
+            endpoint.log.info(
+                "registered",
+                reason=reason,
+                registrations=self.stats.count,
+                took_ms=round((self.stats.last_seconds or 0) * 1000, 2),
+                failed_tries=self._backoff.failures,
+            )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +26,40 @@ from devicehost.host.serving.socket import ServedSocket
 from devicehost.host.serving.streams import StreamSet
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 
-BACKOFF_INITIAL = 0.05
+BACKOFF_INITIAL = 0.02
+"""Seconds before the first retry (jittered down to half): a kubelet still starting is retried at once."""
 BACKOFF_MAX = 5.0
-RESTART_DELAY = 5.0
-"""Seconds before a registrar's loop that failed with an unexpected error starts again."""
+"""The longest wait between two tries of one resource."""
+STABLE_AFTER = 1.0
+"""Seconds a registration must hold before its loss counts as news rather than one more failure."""
+
+
+class Backoff:
+    """Capped, jittered, doubling delays between the tries of one resource, and the last problem.
+
+    ``fail()`` tells whether the problem differs from the last one, so that the caller logs once
+    per change, not once per try.
+    """
+
+    def __init__(self, initial: float = BACKOFF_INITIAL, cap: float = BACKOFF_MAX) -> None:
+        self.initial = initial
+        self.cap = cap
+        self.failures = 0
+        """Failed tries since the last success or reset."""
+        self.problem: str | None = None
+
+    def fail(self, problem: str) -> tuple[float, bool]:
+        """Count a failed try: the seconds to wait before the next, and whether ``problem`` is new."""
+        base = min(self.initial * 2 ** min(self.failures, 32), self.cap)
+        self.failures += 1
+        changed = problem != self.problem
+        self.problem = problem
+        return random.uniform(base / 2, base), changed
+
+    def reset(self) -> int:
+        """Start again from the shortest delay (a success, or a new kubelet); the failures before."""
+        failures, self.failures, self.problem = self.failures, 0, None
+        return failures
 
 
 class SocketWatch(Protocol):
@@ -73,6 +104,8 @@ class RegistrationStats:
     """Registrations by reason: start, kubelet appeared, kubelet restarted, stream lost, ..."""
     last_seconds: float | None = None
     """How long the last registration took."""
+    failed_tries: int = 0
+    """Tries that failed (Register refused, or the stream lost soon after), over the resource's life."""
 
     @property
     def count(self) -> int:
@@ -150,13 +183,18 @@ class RegistrarLoop(abc.ABC):
         """The loop itself; runs until cancelled."""
 
     async def _supervise(self) -> None:
-        """Run the loop until the resource is withdrawn, whatever goes wrong in it."""
+        """Run the loop until the resource is withdrawn, whatever goes wrong in it (with backoff)."""
+        restarts = Backoff()
         while True:
             try:
                 await self._run()
-            except Exception:
-                self._endpoint.log.exception("the re-register loop failed; starting it again")
-                await asyncio.sleep(RESTART_DELAY)
+            except Exception as exc:
+                delay, changed = restarts.fail(f"{type(exc).__name__}: {exc}")
+                if changed:
+                    self._endpoint.log.exception(
+                        "the re-register loop failed; starting it again", retry_in=round(delay, 3)
+                    )
+                await asyncio.sleep(delay)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         if not self._stopping:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -43,6 +43,8 @@ class Serving:
     request_rediscovery: Callable[[], None]
     observe_allocation: Callable[[str], Callable[[float], None]]
     """The allocation latency observer of a resource, by resource name."""
+    policies: Mapping[str, str] = field(default_factory=dict)
+    """The allocation policy (``devicehost.policies``) of a resource, by name; ``none``: no policy."""
 
 
 class ResourceServer:
@@ -62,14 +64,19 @@ class ResourceServer:
         )
         self.streams = StreamSet(self.table, lambda epoch: self.registrar.stream_lost(epoch))
         self.servicer = DevicePluginServicer(
-            backend, self.name, self.table, self.streams, serving.observe_allocation(self.name)
+            backend,
+            self.name,
+            self.table,
+            self.streams,
+            serving.observe_allocation(self.name),
+            serving.policies.get(self.name, "none"),
         )
         self.registrar: Registrar = serving.registration.registrar(self)
         self._request_rediscovery = serving.request_rediscovery
         self._notifier = Notifier(
             asyncio.get_running_loop(),
-            on_health=self.apply_health,
-            on_devices=self.apply_devices,
+            on_health=lambda health: self.apply_health(health, "notifier.set_health"),
+            on_devices=lambda devices: self.apply_devices(devices, "notifier.set_devices"),
             on_rediscover=serving.request_rediscovery,
         )
         self._server: grpc.aio.Server | None = None
@@ -108,7 +115,7 @@ class ResourceServer:
         await self._serve()
 
     def state(self) -> ResourceState:
-        devices = self.table.devices
+        devices = self.table.advertised()
         return ResourceState(
             name=self.name,
             backend=self.backend.name,
@@ -120,6 +127,8 @@ class ResourceServer:
             updates_sent=self.servicer.updates_sent,
             allocations=self.servicer.allocations,
             errors=dict(self.servicer.errors),
+            releasing=tuple(sorted(self.table.releasing)),
+            failed_tries=self.registrar.stats.failed_tries,
         )
 
     def apply_discovery(self, devices: tuple[Device, ...]) -> None:
@@ -131,7 +140,7 @@ class ResourceServer:
         """
         current = {d.id: d for d in self.table.devices}
         merged = tuple(
-            Device(d.id, current[d.id].health, d.numa_nodes)
+            replace(d, health=current[d.id].health)
             if d.id in current and self._discovered_health.get(d.id) == d.health
             else d
             for d in devices
@@ -139,26 +148,25 @@ class ResourceServer:
         self._discovered_health = {d.id: d.health for d in devices}
         self.apply_devices(merged)
 
-    def apply_devices(self, devices: tuple[Device, ...]) -> None:
-        """Take a new device list from discovery or the backend's notifier, if it is valid."""
-        if not all(isinstance(d, Device) for d in devices):
-            self.log.error("device list refused: items must be devicehost.Device")
-            return
-        problem = rules.device_ids_problem(d.id for d in devices)
+    def apply_devices(self, devices: tuple[Device, ...], source: str = "devicehost_discover") -> None:
+        """Take a new device list from discovery or the backend's notifier, if it is valid.
+
+        A list that breaks a rule is refused as a whole: the resource keeps its last good list.
+        """
+        problem = rules.devices_problem(devices)
         if problem:
-            self.log.error("device list refused, keeping the previous one", problem=problem)
+            self.log.error("device list refused, keeping the previous one", hook=source, problem=problem)
             return
         if self.table.replace(devices):
             self.log.info("devices changed", devices=len(devices), healthy=self.table.healthy_count())
 
-    def apply_health(self, health: Mapping[str, Any]) -> None:
-        """Take health values from the backend's notifier or health hook."""
-        try:
-            values = {str(k): Health(v) for k, v in health.items()}
-        except ValueError as exc:
-            self.log.error("health update refused", problem=str(exc))
+    def apply_health(self, health: Mapping[str, Any], source: str = "devicehost_health") -> None:
+        """Take health values from the backend's notifier or health hook, if every one is valid."""
+        problem = rules.health_problem(health)
+        if problem:
+            self.log.error("health update refused", hook=source, problem=problem)
             return
-        if self.table.set_health(values):
+        if self.table.set_health(health):
             self.log.info(
                 "health changed", healthy=self.table.healthy_count(), devices=len(self.table.devices)
             )

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import grpc
 import structlog
 
+from devicehost import policies
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import PreferredAllocationRequest
 from devicehost.host.backends.backend import Backend, BackendBusy, HookError, HookTimeout
@@ -27,6 +28,7 @@ from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 log = structlog.get_logger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED
 
 MIN_PUSH_INTERVAL = 0.02
 """Seconds between two ListAndWatch messages on one stream: a flapping device costs the kubelet at
@@ -43,6 +45,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         table: DeviceTable,
         streams: StreamSet,
         observe_allocation: Callable[[float], None],
+        policy: str = "none",
     ) -> None:
         self.backend = backend
         self.resource = resource
@@ -53,9 +56,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.allocations = 0
         self.errors: Counter[str] = Counter()
         """Calls answered with an error, by gRPC status code name."""
+        prefers = backend.implements("devicehost_preferred_allocation")
+        self.policy = None if prefers or policy == "none" else policy  # a devicehost.policies name
         self.options = api_pb2.DevicePluginOptions(
             pre_start_required=backend.implements("devicehost_pre_start_container"),
-            get_preferred_allocation_available=backend.implements("devicehost_preferred_allocation"),
+            get_preferred_allocation_available=prefers or self.policy is not None,
         )
 
     async def GetDevicePluginOptions(
@@ -117,10 +122,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         request: api_pb2.PreferredAllocationRequest,
         context: Context,
     ) -> api_pb2.PreferredAllocationResponse:
-        if not self.backend.implements("devicehost_preferred_allocation"):
-            await self._abort(
-                context, grpc.StatusCode.UNIMPLEMENTED, f"{self.resource} has no preferred allocation"
-            )
+        if not self.options.get_preferred_allocation_available:
+            await self._abort(context, UNIMPLEMENTED, f"{self.resource} has no preferred allocation")
         responses = []
         for container in request.container_requests:
             available = tuple(dict.fromkeys(container.available_deviceIDs))
@@ -131,10 +134,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             if problem:
                 await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
             ask = PreferredAllocationRequest(available, must_include, size)
-            try:
-                answer = await self.backend.preferred_allocation(self.resource, ask)
-            except HookError as exc:
-                await self._abort_hook(context, exc)
+            if self.policy is not None:
+                answer: Sequence[str] = policies.choose(self.policy, self.table.devices, ask)
+            else:
+                try:
+                    answer = await self.backend.preferred_allocation(self.resource, ask)
+                except HookError as exc:
+                    await self._abort_hook(context, exc)
             problem = rules.preferred_allocation_problem(answer, available, must_include, size)
             if problem:
                 await self._abort_answer(context, "devicehost_preferred_allocation", problem)

@@ -11,11 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 
-import structlog
-
 from devicehost.host.serving.table import DeviceTable
-
-log = structlog.get_logger(__name__)
 
 END_WAIT = 1.0
 """Seconds :meth:`StreamSet.end_all` waits for the streams it ended to finish."""
@@ -60,8 +56,7 @@ class StreamSet:
         finally:
             self._streams.discard(stream)
             stream.done.set()
-            if not stream.ending:
-                log.warning("ListAndWatch stream ended by the kubelet")
+            if not stream.ending:  # the registrar says so, once per change
                 self._on_lost(stream.epoch)
 
     async def end_all(self) -> None:

@@ -4,12 +4,17 @@ Changes bump ``version`` and wake every waiting stream; the wire message is buil
 per version, so a burst of changes costs one build and each stream sends only the latest list.
 A health change patches a copy of the last built message instead (building 1024 device messages
 in Python takes milliseconds, copying the built one and setting a field a tenth of one).
+
+Devices being released (the backend's release hook is running) are advertised Unhealthy
+whatever their health, so the kubelet does not hand them out half-scrubbed; their own health
+is kept and advertised again once the release ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from devicehost.hookspecs.types import Device, Health
 from devicehost.host.serving import wire
@@ -24,17 +29,42 @@ class DeviceTable:
         self.version = 0
         self._changed = asyncio.Event()
         self._message: api_pb2.ListAndWatchResponse | None = None
+        self._releasing: frozenset[str] = frozenset()
 
     @property
     def devices(self) -> tuple[Device, ...]:
+        """The devices with their own health (a release in progress does not show here)."""
         return tuple(self._devices.values())
+
+    @property
+    def releasing(self) -> frozenset[str]:
+        """IDs of devices being released, advertised Unhealthy until the release ends."""
+        return self._releasing
+
+    def advertised(self) -> tuple[Device, ...]:
+        """The devices as the kubelet is told: those being released are Unhealthy."""
+        if not self._releasing:
+            return tuple(self._devices.values())
+        return tuple(
+            replace(d, health=Health.UNHEALTHY) if d.id in self._releasing else d
+            for d in self._devices.values()
+        )
+
+    def hold_for_release(self, ids: Iterable[str], holding: bool) -> None:
+        """Start (``holding``) or end advertising ``ids`` Unhealthy while they are released."""
+        ids = frozenset(ids)
+        changed = self._releasing | ids if holding else self._releasing - ids
+        if changed != self._releasing:
+            self._releasing = changed
+            self._bump()
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
         """The IDs that are not devices of this resource, in order, without repeats."""
         return list(dict.fromkeys(i for i in ids if i not in self._devices))
 
     def healthy_count(self) -> int:
-        return sum(d.health is Health.HEALTHY for d in self._devices.values())
+        """Devices advertised Healthy."""
+        return sum(d.health is Health.HEALTHY for d in self.advertised())
 
     def replace(self, devices: Sequence[Device]) -> bool:
         """Take a new device list; True if anything changed."""
@@ -51,7 +81,7 @@ class DeviceTable:
         for device_id, value in health.items():
             device = self._devices.get(device_id)
             if device is not None and device.health is not value:
-                self._devices[device_id] = Device(device.id, value, device.numa_nodes)
+                self._devices[device_id] = replace(device, health=value)
                 changed[device_id] = value
         if not changed:
             return False
@@ -62,6 +92,8 @@ class DeviceTable:
             patched.CopyFrom(built)
             position = {device_id: n for n, device_id in enumerate(self._devices)}
             for device_id, value in changed.items():
+                if device_id in self._releasing:
+                    continue  # advertised Unhealthy until its release ends
                 patched.devices[position[device_id]].health = value.value
             self._message = patched
         return True
@@ -69,7 +101,7 @@ class DeviceTable:
     def message(self) -> api_pb2.ListAndWatchResponse:
         """The ListAndWatch message for the current version."""
         if self._message is None:
-            self._message = wire.device_list(self._devices.values())
+            self._message = wire.device_list(self.advertised())
         return self._message
 
     def wake_all(self) -> None:

@@ -19,6 +19,7 @@ from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.registration import (
     BACKOFF_INITIAL,
     BACKOFF_MAX,
+    Backoff,
     Endpoint,
     RegistrarLoop,
     SocketWatch,
@@ -49,6 +50,7 @@ class PluginWatcherRegistrar(RegistrarLoop):
         self._status: tuple[bool, str] | None = None
         """The kubelet's last NotifyRegistrationStatus for the socket served now."""
         self._served_at = 0.0
+        self._backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
 
     @property
     def registered(self) -> bool:
@@ -72,14 +74,16 @@ class PluginWatcherRegistrar(RegistrarLoop):
         """The kubelet's plugin watcher reports the outcome of registering this socket."""
         self._status = (registered, error)
         if registered:
+            self._backoff.reset()  # the next refusal starts again from the shortest delay
             self.stats.record("plugin watcher", time.monotonic() - self._served_at)
             self._endpoint.log.info("registered through the plugin watcher", registrations=self.stats.count)
         else:
-            self._endpoint.log.error("the kubelet refused the registration", error=error)
+            if self._backoff.problem != f"refused: {error}":  # once per change, not per try
+                self._endpoint.log.error("the kubelet refused the registration", error=error)
             self._wake.set()
 
     async def _run(self) -> None:
-        delay = BACKOFF_INITIAL
+        log = self._endpoint.log
         while True:
             self._wake.clear()
             refused = self._status is not None and not self._status[0]
@@ -92,11 +96,12 @@ class PluginWatcherRegistrar(RegistrarLoop):
                 self._stream_lost = False
                 if self._endpoint.streams.count and not self._endpoint.socket.gone():
                     continue
-            if refused:
+            if refused and self._status is not None:
+                delay, changed = self._backoff.fail(f"refused: {self._status[1]}")
+                self.stats.failed_tries += 1
+                if changed:
+                    log.warning("serving again after a refusal, with backoff", retry_in=round(delay, 3))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX)
-            else:
-                delay = BACKOFF_INITIAL
-            self._endpoint.log.info("serving the plugin watcher socket again")
+            log.info("serving the plugin watcher socket again")
             self._stream_lost = False
             await self._endpoint.serve_again()

@@ -48,15 +48,21 @@ class NonconformantBackend:
     def devicehost_allocate(self, device_ids: tuple[str, ...]) -> ContainerAllocation:
         return ContainerAllocation(
             devices=[
-                DeviceSpec(f"dev/{i}", "/dev/null", "rwx" if n else "rw") for n, i in enumerate(device_ids)
+                DeviceSpec(container_path=f"dev/{i}", host_path="/dev/null", permissions="rwx" if n else "rw")
+                for n, i in enumerate(device_ids)
             ]
         )
+
+    @devicehost.hookimpl
+    def devicehost_release(self, device_ids: tuple[str, ...]) -> None:
+        raise RuntimeError(f"cannot scrub {device_ids}")
 
     @devicehost.hookimpl
     def devicehost_preferred_allocation(self, request: PreferredAllocationRequest) -> list[str]:
         return list(request.available[: request.size - 1])
 
-    def conformance_set_health(self, resource: str, device_id: str, health: Health) -> None:
+    @devicehost.hookimpl
+    def devicehost_conformance_set_health(self, resource: str, device_id: str, health: Health) -> None:
         """Turns devices Unhealthy; forgets to turn them Healthy again."""
         notifier = self._notifiers.get(resource)
         if notifier is not None and health == Health.UNHEALTHY:

@@ -1,0 +1,1 @@
+"""Kubelet pod-resources API (the PodResourcesLister the kubelet serves)."""

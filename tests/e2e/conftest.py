@@ -1,0 +1,104 @@
+"""Session fixtures of the end-to-end tests: one real cluster, and the wheels every image uses.
+
+The cluster is the kit's (``../shared/k8s-cluster``, named by $DEVICEHOST_K8S_KIT): ``up.sh`` once
+per session, ``down.sh`` at the end whatever happened, so no process, mount or pod is left.
+Objects a test created are deleted before ``down.sh`` (the kit keeps etcd across runs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from k8skit import KIT_ENV, Kit, kit_dir
+
+REPO = Path(__file__).resolve().parents[2]
+GIZMO = REPO / "tests" / "backends" / "devicehost-gizmo"
+KIT = pytest.StashKey[Kit]()
+# Everything a test may leave behind, deleted at the start (an earlier run may have been killed)
+# and at the end of the session.
+LEFTOVERS = (
+    ("-n", "kube-system", "delete", "daemonset", "devicehost", "--ignore-not-found", "--wait=true"),
+    ("-n", "default", "delete", "pods", "-l", "devicehost-e2e", "--ignore-not-found", "--wait=true"),
+)
+
+
+def _delete_leftovers(kit: Kit) -> None:
+    for args in LEFTOVERS:
+        kit.kubectl(*args, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def kit(pytestconfig: pytest.Config) -> Iterator[Kit]:
+    """The kit's cluster, up for the session; down (``down.sh``) after it, whatever happened."""
+    root = kit_dir()
+    if root is None:
+        pytest.skip(
+            f"no Kubernetes kit: set {KIT_ENV} to a k8s-cluster kit dir (.ci/run uses ../shared/k8s-cluster)"
+        )
+    if os.geteuid() != 0:
+        pytest.skip("the k8s kit runs a cluster on this machine and needs root")
+    kit = Kit(root)
+    pytestconfig.stash[KIT] = kit
+    try:
+        kit.timed("cluster up (up.sh)", root / "up.sh", timeout=300)
+        _delete_leftovers(kit)
+        yield kit
+        _delete_leftovers(kit)
+    finally:
+        kit.timed("cluster down (down.sh)", root / "down.sh", timeout=300)
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Wheels of this checkout, the example backend, the gizmo backend, their dependencies and
+    setuptools: everything an offline image build (PIP_NO_INDEX=1) needs, for the kit's Python."""
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip(
+            "the kit's Python base is Debian's 3.11: run the e2e env on python3.11 for matching wheels"
+        )
+    wheels = tmp_path_factory.mktemp("wheels")
+    kit.timed(
+        "wheelhouse (pip wheel)",
+        sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", wheels,
+        REPO, REPO / "plugins" / "devicehost-example", GIZMO, "setuptools>=77",
+        timeout=600,
+    )  # fmt: skip
+    return wheels
+
+
+@pytest.fixture(scope="session")
+def image_context(wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the checkout, as a vendor has it, with the wheelhouse as ``wheels/`` in it."""
+    context = tmp_path_factory.mktemp("image") / "context"
+    junk = shutil.ignore_patterns(
+        ".git", ".venv", ".tox", ".venv-tox", "__pycache__", "*.egg-info", ".*_cache"
+    )
+    shutil.copytree(REPO, context, ignore=junk)
+    shutil.copytree(wheelhouse, context / "wheels", dirs_exist_ok=True)
+    return context
+
+
+@pytest.fixture(scope="session")
+def python_base(kit: Kit) -> str:
+    """The kit's Debian Python base, in containerd (consumer pods) and buildah (image builds)."""
+    kit.ensure_python_base()
+    return "localhost/python-base:bookworm"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """What the session measured and saw: times of each step, and the kubelet's side of things."""
+    kit = config.stash.get(KIT, None)
+    if kit is None:
+        return
+    terminalreporter.section("e2e timings (s)")
+    for what, seconds in kit.timings.items():
+        terminalreporter.write_line(f"{seconds:7.1f}  {what}")
+    if kit.notes:
+        terminalreporter.section("e2e observations")
+        for note in kit.notes:
+            terminalreporter.write_line(note)

@@ -1,0 +1,197 @@
+"""The real single-node cluster of ``../shared/k8s-cluster`` (the kit), as the e2e tests drive it.
+
+The kit's own scripts do the work (``up.sh``, ``down.sh``, ``images/*.sh``); this module runs
+them, runs the kit's ``kubectl`` with its kubeconfig, and waits on cluster state with bounded
+polling. Nothing here is a stand-in: every answer comes from the API server or the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+KIT_ENV = "DEVICEHOST_K8S_KIT"
+"""Names the kit's directory; unset, the e2e tests are skipped."""
+PYTHON_BASE = "localhost/python-base:bookworm"
+"""The kit's Debian bookworm image with python3 (3.11) and python3-venv (images/python-base.sh)."""
+KUBELET_PID = Path("/run/k8s-kit/kubelet.pid")
+DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
+KUBELET_LOG = Path("/var/lib/k8s-kit/logs/kubelet.log")
+# What the kubelet logs about device plugins (the lines worth reading after a scenario).
+DEVICE_PLUGIN_WORDS = (
+    "ListAndWatch", "Deregistered", "Mark all resources", "Endpoint became", "Device plugin", "Probe failed",
+    "Registered endpoint", "Got registration request",
+)  # fmt: skip
+
+T = TypeVar("T")
+
+
+def until(check: Callable[[], T | None], what: str, within: float = 60.0, every: float = 0.5) -> T:
+    """Poll ``check`` until it returns something truthy, and return that; fail after ``within`` s."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {within:.0f} s: {what}")
+        time.sleep(every)
+
+
+def kit_dir() -> Path | None:
+    """The kit named by $DEVICEHOST_K8S_KIT, or None when it is unset or not a kit."""
+    name = os.environ.get(KIT_ENV)
+    if not name:
+        return None
+    path = Path(name)
+    return path if (path / "up.sh").is_file() and (path / "down.sh").is_file() else None
+
+
+@dataclass
+class Kit:
+    """One kit directory; the cluster it runs is this machine's only cluster."""
+
+    root: Path
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = "/var/lib/k8s-kit/pki/admin.kubeconfig"
+        env["PATH"] = f"/var/cache/k8s-kit/bin:{env.get('PATH', '')}"
+        return env
+
+    def run(self, *argv: str | Path, timeout: float = 300, stdin: str | None = None) -> str:
+        """Run a command with the kit's environment; its stdout, or a failure with its output."""
+        result = subprocess.run(
+            [str(a) for a in argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(map(str, argv))} exited {result.returncode}:\n{result.stdout[-3000:]}\n"
+                f"{result.stderr[-3000:]}"
+            )
+        return result.stdout
+
+    def timed(self, what: str, *argv: str | Path, timeout: float = 300) -> str:
+        """``run``, with its wall time kept in ``timings[what]`` (reported by the session)."""
+        started = time.monotonic()
+        out = self.run(*argv, timeout=timeout)
+        self.timings[what] = round(time.monotonic() - started, 1)
+        return out
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+        return self.run("kubectl", *args, stdin=stdin, timeout=timeout)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def apply(self, manifest: Mapping[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def node(self) -> dict[str, Any]:
+        nodes = self.get("nodes")["items"]
+        assert len(nodes) == 1, f"the kit runs one node, the API server lists {len(nodes)}"
+        node: dict[str, Any] = nodes[0]
+        return node
+
+    def resource(self, name: str) -> tuple[int, int]:
+        """(capacity, allocatable) of an extended resource on the node; (0, 0) when absent."""
+        status = self.node()["status"]
+        return int(status.get("capacity", {}).get(name, 0)), int(status.get("allocatable", {}).get(name, 0))
+
+    def wait_resource(self, name: str, capacity: int | None, allocatable: int, within: float = 60) -> None:
+        """Wait until the node reports ``allocatable`` (and ``capacity`` unless None) of ``name``."""
+
+        def reached() -> bool:
+            have = self.resource(name)
+            return have[1] == allocatable and capacity in (None, have[0])
+
+        until(reached, f"{name}: capacity {capacity}, allocatable {allocatable}", within)
+
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet, wait for the process to end, start it again with up.sh (as the kit says)."""
+        pid = int(KUBELET_PID.read_text())
+        os.kill(pid, signal.SIGTERM)
+        until(lambda: not Path(f"/proc/{pid}").exists(), f"kubelet {pid} to exit", within=30, every=0.2)
+        self.timed("kubelet restart (up.sh)", self.root / "up.sh", timeout=180)
+
+    def images(self) -> set[str]:
+        out = self.run(
+            "ctr", "-a", "/run/k8s-kit/containerd/containerd.sock", "-n", "k8s.io", "images", "ls", "-q"
+        )
+        return set(out.split())
+
+    def buildah(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Debian's buildah on the kit's storage (as images/buildah-build.sh runs it)."""
+        store = ["--root", "/var/cache/k8s-kit/buildah/storage", "--runroot", "/run/k8s-kit-buildah"]
+        argv = ["buildah", *store, "--storage-driver", "vfs", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+    def ensure_python_base(self) -> None:
+        """The kit's Python base in containerd (pods) and buildah's storage (builds); built once.
+
+        buildah is installed first (the kit's scripts do the same when it is missing), so that
+        images/python-base.sh loads the base into buildah's storage too.
+        """
+        if shutil.which("buildah") is None:
+            self.timed(
+                "apt-get install buildah",
+                "apt-get",
+                "install",
+                "-y",
+                "-q",
+                "--no-install-recommends",
+                "buildah",
+            )
+        if PYTHON_BASE not in self.images() or self.buildah("inspect", PYTHON_BASE).returncode != 0:
+            self.timed(
+                "python base (images/python-base.sh)", self.root / "images" / "python-base.sh", timeout=600
+            )
+
+    def build_image(self, tag: str, context: Path, *bud_args: str) -> None:
+        """``images/buildah-build.sh``: buildah bud, then import into the cluster's containerd."""
+        self.timed(
+            f"image build {tag}",
+            self.root / "images" / "buildah-build.sh",
+            tag,
+            context,
+            *bud_args,
+            timeout=900,
+        )
+        assert tag in self.images(), f"{tag} built but not in containerd"
+
+    def logs(self, *args: str) -> str:
+        result = subprocess.run(
+            ["kubectl", "logs", *args],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=60,
+            check=False,
+        )
+        return result.stdout + result.stderr
+
+    def kubelet_log_offset(self) -> int:
+        return KUBELET_LOG.stat().st_size if KUBELET_LOG.exists() else 0
+
+    def kubelet_log(self, since: int) -> list[str]:
+        """The kubelet's device-plugin lines written after offset ``since``."""
+        with KUBELET_LOG.open("rb") as log:
+            log.seek(since)
+            text = log.read().decode(errors="replace")
+        return [line for line in text.splitlines() if any(word in line for word in DEVICE_PLUGIN_WORDS)]
