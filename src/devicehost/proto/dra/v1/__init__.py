@@ -1,0 +1,1 @@
+"""DRA plugin API v1 (DRAPlugin: NodePrepareResources, NodeUnprepareResources), served by a driver."""
