@@ -24,6 +24,8 @@ _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _CDI_KIND = re.compile(rf"{_DNS1123_SUBDOMAIN.pattern}/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE]|[eE][0-9]+)?")
 _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
 
 
@@ -193,6 +195,31 @@ def device_problem(device: Device) -> str | None:
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in nodes
     ):
         return f"device {device.id!r}: numa_nodes {nodes!r:.100} must be a sequence of non-negative ints"
+    problem = _attributes_problem(device.attributes) or _capacity_problem(device.capacity)
+    return f"device {device.id!r}: {problem}" if problem else None
+
+
+def _attributes_problem(attributes: object) -> str | None:
+    if not isinstance(attributes, Mapping):
+        return f"attributes {attributes!r:.100} must be a mapping"
+    for name, value in attributes.items():
+        if not isinstance(name, str) or not _ATTRIBUTE_NAME.fullmatch(name):
+            return f"attribute name {name!r:.100} must be a C identifier of at most 32 characters"
+        if not isinstance(value, (bool, int, str)) or (isinstance(value, str) and len(value) > 64):
+            return f"attribute {name}: {value!r:.100} must be a bool, an int or a string of at most 64 characters"
+    return None
+
+
+def _capacity_problem(capacity: object) -> str | None:
+    if not isinstance(capacity, Mapping):
+        return f"capacity {capacity!r:.100} must be a mapping"
+    for name, value in capacity.items():
+        if not isinstance(name, str) or not _ATTRIBUTE_NAME.fullmatch(name):
+            return f"capacity name {name!r:.100} must be a C identifier of at most 32 characters"
+        if isinstance(value, bool) or not (
+            (isinstance(value, int) and value >= 0) or (isinstance(value, str) and _QUANTITY.fullmatch(value))
+        ):
+            return f"capacity {name}: {value!r:.100} must be a non-negative int or a quantity such as '16Gi'"
     return None
 
 

@@ -71,12 +71,20 @@ class Device:
     :param numa_nodes: the NUMA nodes the device is attached to, for topology-aware admission.
     :param group: the physical device this one is a replica or slice of (time-slicing, MIG),
         for allocation policies that spread across physical devices; None: its own.
+    :param attributes: DRA only: typed facts about the device that DeviceClass and claim
+        selectors match in CEL (``device.attributes["example.com"].model == "w2"``); names are
+        C identifiers of at most 32 characters, values a bool, an int or a string of at most
+        64 characters. The device plugin API has no place for them.
+    :param capacity: DRA only: amounts the device has (``{"memory": "16Gi"}``), an int or a
+        Kubernetes quantity string, matched as ``device.capacity["example.com"].memory``.
     """
 
     id: str
     health: Health = Health.HEALTHY
     numa_nodes: tuple[int, ...] = ()
     group: str | None = field(default=None, kw_only=True)
+    attributes: Mapping[str, bool | int | str] = field(default_factory=dict, kw_only=True, hash=False)
+    capacity: Mapping[str, int | str] = field(default_factory=dict, kw_only=True, hash=False)
 
     def __post_init__(self) -> None:
         """Refuse a health that is not a :class:`Health`, quoting it.
