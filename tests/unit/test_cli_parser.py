@@ -119,6 +119,11 @@ SAMPLES = {
     "socket_mode": ("640", 0o640),
     "metrics_address": ("127.0.0.1:9999", "127.0.0.1:9999"),
     "preferred_allocation": ("{example.com/widget: numa-pack}", {"example.com/widget": "numa-pack"}),
+    # dra and both need node_name too; one setting at a time, device-plugin is what is left to say
+    "serve_through": ("{example: device-plugin}", {"example": "device-plugin"}),
+    "dra_drivers": ("{example.com/widget: widgets.example.com}", {"example.com/widget": "widgets.example.com"}),
+    "node_name": ("node-a", "node-a"),
+    "kubeconfig": ("/x/kubeconfig", Path("/x/kubeconfig")),
 }
 """Keys whose type alone does not give a valid non-default value (see :func:`sample`)."""
 

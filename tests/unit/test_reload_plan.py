@@ -49,6 +49,11 @@ RESTART_VALUES = {
     "pod_resources_socket": Path("/var/lib/k0s/kubelet/pod-resources/kubelet.sock"),
     "pod_resources_interval": 5.0,
     "preferred_allocation": {"example.com/widget": "numa-pack"},
+    "serve_through": {"example": "device-plugin"},
+    "dra_drivers": {"example.com/widget": "widgets.example.com"},
+    "dra_plugins_dir": Path("/elsewhere/plugins"),
+    "node_name": "node-a",
+    "kubeconfig": Path("/etc/kubeconfig"),
 }
 
 

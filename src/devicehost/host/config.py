@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -25,6 +27,7 @@ from pydantic import (
     ValidationError,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from devicehost.cdi import DEFAULT_CDI_DIR
@@ -32,12 +35,26 @@ from devicehost.cdi import DEFAULT_CDI_DIR
 DEFAULT_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+_DRIVER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 ENV_CONFIG = "DEVICEHOST_CONFIG"
 ENV_PREFIX = "DEVICEHOST_"
 
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names every bad key and what it expects."""
+
+
+def _driver_name(driver: str) -> str:
+    if not _DRIVER_NAME.fullmatch(driver) or len(driver) > 63:
+        raise ValueError(
+            f"DRA driver name {driver!r} must be a DNS subdomain of at most 63 characters "
+            "(lower case letters, digits, '-' and '.')"
+        )
+    return driver
+
+
+DriverName = Annotated[str, AfterValidator(_driver_name)]
 
 
 class HostConfig(BaseModel):
@@ -116,6 +133,33 @@ class HostConfig(BaseModel):
         "GetPreferredAllocation when its backend has no devicehost_preferred_allocation; none: no answer",
     )
 
+    serve_through: dict[str, Literal["device-plugin", "dra", "both"]] = Field(
+        {},
+        description="per backend or resource name (a resource's own entry wins), the kubelet API "
+        "its resources are served through: device-plugin (extended resources), dra (Dynamic "
+        "Resource Allocation: ResourceSlices and a DRA kubelet plugin) or both; unnamed: device-plugin",
+    )
+    dra_drivers: dict[str, DriverName] = Field(
+        {},
+        description="per resource name served through DRA, its DRA driver name; unnamed: the "
+        "resource's domain (example.com/widget -> example.com)",
+    )
+    dra_plugins_dir: Path = Field(
+        DEFAULT_DRA_PLUGINS_DIR,
+        description="the kubelet's plugins dir: each DRA driver's socket goes in <dir>/<driver>/",
+    )
+    node_name: str = Field(
+        "",
+        description="this node's name, for the ResourceSlices DRA publishes (the DaemonSet sets it "
+        "from spec.nodeName); needed when anything is served through dra",
+    )
+    kubeconfig: Path | None = Field(
+        None,
+        description="kubeconfig for the API server (DRA only); unset: in-cluster credentials in a "
+        "pod, else $KUBECONFIG or ~/.kube/config",
+        json_schema_extra={"metavar": "PATH"},
+    )
+
     @field_validator("enabled_backends", "disabled_backends", mode="before")
     @classmethod
     def _one_name(cls, value: object) -> object:
@@ -136,6 +180,15 @@ class HostConfig(BaseModel):
                 f"write octal as a string ('0{value}') or with a 0o prefix (0o{value})"
             )
         return value
+
+    @model_validator(mode="after")
+    def _dra_needs_node(self) -> HostConfig:
+        if not self.node_name and any(api != "device-plugin" for api in self.serve_through.values()):
+            raise ValueError(
+                "node_name is needed when serve_through names dra or both (ResourceSlices belong "
+                "to a node): set it, or DEVICEHOST_NODE_NAME from the pod's spec.nodeName"
+            )
+        return self
 
     @field_serializer("socket_mode")
     def _show_octal(self, value: int) -> str:

@@ -27,6 +27,11 @@ RESTART_KEYS = (
     "pod_resources_socket",
     "pod_resources_interval",
     "preferred_allocation",
+    "serve_through",
+    "dra_drivers",
+    "dra_plugins_dir",
+    "node_name",
+    "kubeconfig",
 )
 """Settings a reload cannot change: the sockets, servers and log renderer already in use."""
 
