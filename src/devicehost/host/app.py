@@ -29,6 +29,7 @@ from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.config import HostConfig
 from devicehost.host.config_watch import watch_config_file
 from devicehost.host.daemon import Host
+from devicehost.host.dra.cluster import Cluster
 from devicehost.host.kubelet.client import KubeletClient
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
 from devicehost.host.logs import drain_native_stderr
@@ -55,10 +56,12 @@ async def running(
     failed_backends: Mapping[str, str] | None = None,
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
+    cluster: Callable[[], Cluster] | None = None,
 ) -> AsyncIterator[Host]:
     """A host serving ``backends`` with everything around it, until the block ends.
 
     The probe endpoints start first, answering live but not ready until the host runs.
+    ``cluster`` makes the API server client of DRA; unset: the real one from the config.
     """
     host: Host | None = None
 
@@ -84,6 +87,7 @@ async def running(
             registration,
             observe_allocation=None if metrics is None else metrics.observer,
             reload_config=reload_config,
+            cluster=cluster,
         )
         await stack.enter_async_context(_helper(watch.run(), "kubelet socket watch"))
         if host.release is not None:  # the checkpoint file's changes are its trigger to look

@@ -23,7 +23,9 @@ from devicehost.host.backends.backend import Backend, HookError
 from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.backends.loader import installed_backend_names
 from devicehost.host.config import ConfigError, HostConfig
-from devicehost.host.release import tracker_for, with_holders
+from devicehost.host.dra.cluster import Cluster
+from devicehost.host.dra.drivers import DraDrivers
+from devicehost.host.release import device_plugin_holds, tracker_for, with_holders
 from devicehost.host.serving.registration import Registration
 from devicehost.host.serving.resource import ResourceServer, Serving
 from devicehost.host.sockets import new_token
@@ -83,6 +85,7 @@ class Host:
         *,
         observe_allocation: Callable[[str], Callable[[float], None]] | None = None,
         reload_config: Callable[[], HostConfig] | None = None,
+        cluster: Callable[[], Cluster] | None = None,
     ) -> None:
         self.config = config
         self.backends = backends
@@ -97,6 +100,8 @@ class Host:
         self._reload_config = reload_config
         self.release = tracker_for(config, lambda: self.resources)
         """Follows the kubelet's pod-resources API; None when ``device_release`` is off."""
+        holds = device_plugin_holds(self.release)
+        self.dra = DraDrivers(config, self.token, cluster=cluster, device_plugin_holds=holds)
         self._reload_requested = False
         self._wake = asyncio.Event()
         self._loop_state = "starting"
@@ -146,6 +151,7 @@ class Host:
         """Withdraw every resource (sockets removed, stop hooks called) and close the backends."""
         self.final_state = self.snapshot()
         await asyncio.gather(*(self._withdraw(name) for name in list(self.resources)), return_exceptions=True)
+        await self.dra.close()
         self.backends.close()
 
     def snapshot(self) -> HostState:
@@ -154,7 +160,10 @@ class Host:
         return HostState(
             kubelet=KubeletState(str(watch.kubelet_socket), watch.inode is not None),
             backends=self.backends.states(),
-            resources=tuple(with_holders(self.release, s.state()) for _, s in sorted(self.resources.items())),
+            resources=tuple(
+                self.dra.state(with_holders(self.release, s.state()))
+                for _, s in sorted(self.resources.items())
+            ),
             discoveries=self.discoveries,
             device_release=self.release.status if self.release else "off",
             loop=self._loop_state,
@@ -180,21 +189,27 @@ class Host:
         await asyncio.gather(*(self._add(backend, resource) for _, resource in plan.add))
 
     async def _add(self, backend: Backend, resource: Resource) -> None:
+        api = self.dra.api(backend.name, resource.name)
+        server = ResourceServer(
+            backend, resource, self._serving, self.config.health_interval, device_plugin=api != "dra"
+        )
         try:
-            server = await _started(
-                ResourceServer(backend, resource, self._serving, self.config.health_interval)
-            )
+            if await _started(server) is None:
+                return
+            if api != "device-plugin":
+                await self.dra.attach(server)
         finally:
             self._starting.pop(resource.name, None)
-        if server is not None:
-            self.resources[resource.name] = server
+        self.resources[resource.name] = server
 
     async def _withdraw(self, name: str) -> None:
         server = self.resources.pop(name, None)
+        self.dra.detach(name)
         if server is not None:
             await server.stop()
 
-    async def _withdraw_backend(self, backend: Backend) -> None:
+    async def withdraw_backend(self, backend: Backend) -> None:
+        """Withdraw every resource of ``backend``."""
         await asyncio.gather(
             *(self._withdraw(n) for n, s in list(self.resources.items()) if s.backend is backend)
         )
@@ -208,16 +223,24 @@ class Host:
         except ConfigError as exc:
             log.error("new configuration refused, keeping the current one", error=str(exc))
             return
-        installed = await asyncio.to_thread(installed_backend_names)
-        loaded, failed = list(self.backends.loaded), list(self.backends.failed)
-        plan = reload.plan(self.config, new, installed=installed, loaded=loaded, failed=failed)
-        if plan.deferred:
-            log.warning("these settings take effect at the next start", keys=list(plan.deferred))
-        self.config = plan.config
-        _apply_in_place(self.config, self.backends, self.resources.values())
-        for name in plan.disable:
-            await self.backends.disable(name, self._withdraw_backend)
-        await self.backends.load(plan.load, self.config.backends, self.config.hook_timeout)
-        for name in plan.reconfigure:
-            await self.backends.reconfigure(name, self.config.backends.get(name, {}))
-        log.info("configuration reloaded", changed=list(plan.changed))
+        await _apply_reload(self, new)
+
+
+async def _apply_reload(host: Host, new: HostConfig) -> None:
+    """Apply ``new`` as :func:`devicehost.host.reload.plan` says: in place where it can, backends
+    disabled, loaded and reconfigured, the rest deferred to the next start (said once)."""
+    backends = host.backends
+    installed = await asyncio.to_thread(installed_backend_names)
+    plan = reload.plan(
+        host.config, new, installed=installed, loaded=list(backends.loaded), failed=list(backends.failed)
+    )
+    if plan.deferred:
+        log.warning("these settings take effect at the next start", keys=list(plan.deferred))
+    host.config = config = plan.config
+    _apply_in_place(config, backends, host.resources.values())
+    for name in plan.disable:
+        await backends.disable(name, host.withdraw_backend)
+    await backends.load(plan.load, config.backends, config.hook_timeout)
+    for name in plan.reconfigure:
+        await backends.reconfigure(name, config.backends.get(name, {}))
+    log.info("configuration reloaded", changed=list(plan.changed))

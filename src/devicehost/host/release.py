@@ -73,6 +73,14 @@ def tracker_for(
     )
 
 
+def device_plugin_holds(tracker: ReleaseTracker | None) -> Callable[[str], frozenset[str]]:
+    """The device IDs of a resource containers hold through the device plugin, as the kubelet's
+    pod-resources API last said; nothing is known without device release."""
+    if tracker is None:
+        return lambda resource: frozenset()
+    return lambda resource: frozenset(tracker.holders.get(resource, {}))
+
+
 def with_holders(tracker: ReleaseTracker | None, state: ResourceState) -> ResourceState:
     """A resource's state with who holds its devices and how many releases it had."""
     if tracker is None:

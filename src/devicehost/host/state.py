@@ -24,6 +24,21 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class DraState:
+    """A resource served through DRA: its driver, and what the kubelet and claims made of it."""
+
+    driver: str
+    only: bool
+    """Served through DRA only (no device plugin socket)."""
+    registered: bool
+    """The driver is registered with the kubelet."""
+    slice: str
+    """The ResourceSlice its devices are published in."""
+    prepared_claims: int
+    """Claims prepared with its devices, now."""
+
+
+@dataclass(frozen=True)
 class ResourceState:
     """One served resource, as its socket, registration and servicer stand."""
 
@@ -53,6 +68,8 @@ class ResourceState:
     """Devices whose release hook is running (advertised Unhealthy meanwhile)."""
     failed_tries: int = 0
     """Registration tries that failed (refused, or the stream lost soon after), backed off."""
+    dra: DraState | None = None
+    """How the resource is served through DRA; None: through the device plugin API only."""
 
     @property
     def device_count(self) -> int:

@@ -26,6 +26,7 @@ from devicehost.host.backends.backend import Backend
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
+from devicehost.host.dra.cluster import Cluster
 
 STOP_TIMEOUT = 10.0
 
@@ -58,6 +59,7 @@ async def running_host(
     /,
     *,
     reload_config: Callable[[], HostConfig] | None = None,
+    cluster: Cluster | None = None,
     **config: Any,
 ) -> AsyncIterator[Host]:
     """The real :class:`Host` serving into ``device_plugins_dir`` until the block ends.
@@ -67,6 +69,7 @@ async def running_host(
 
     :param backends: plugin objects by backend name, or names of installed backends.
     :param reload_config: what ``host.request_reload()`` reads as the new configuration.
+    :param cluster: the API server DRA talks to, e.g. a :class:`~devicehost.testing.cluster.ClusterStandIn`.
     :param config: any other :class:`HostConfig` field (``backends=`` holds the settings).
         ``pod_resources_socket`` defaults to ``pod-resources/kubelet.sock`` beside
         ``device_plugins_dir`` (the kubelet's layout), never the machine's own kubelet.
@@ -77,7 +80,8 @@ async def running_host(
         loaded = [Backend(name, plugin, host_config.hook_timeout) for name, plugin in backends.items()]
     else:
         loaded = load_named(backends, host_config.hook_timeout)
-    async with running(host_config, loaded, reload_config=reload_config) as host:
+    make_cluster = None if cluster is None else (lambda: cluster)
+    async with running(host_config, loaded, reload_config=reload_config, cluster=make_cluster) as host:
         yield host
 
 

@@ -8,7 +8,7 @@ this service next to DevicePlugin: the kubelet's plugin watcher sees the socket 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -20,20 +20,28 @@ PLUGIN_TYPE = "DevicePlugin"
 
 
 class PluginRegistrationServicer(api_pb2_grpc.RegistrationServicer):
-    """Answers the kubelet's plugin watcher for one resource."""
+    """Answers the kubelet's plugin watcher for one resource, or one DRA driver (``DRAPlugin``)."""
 
     def __init__(
-        self, resource: str, endpoint: Callable[[], str], on_status: Callable[[bool, str], None]
+        self,
+        resource: str,
+        endpoint: Callable[[], str],
+        on_status: Callable[[bool, str], None],
+        *,
+        plugin_type: str = PLUGIN_TYPE,
+        versions: Sequence[str] = (API_VERSION,),
     ) -> None:
         self._resource = resource
         self._endpoint = endpoint
         self._on_status = on_status
+        self._type = plugin_type
+        self._versions = list(versions)
 
     async def GetInfo(
         self, request: api_pb2.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.PluginInfo:
         return api_pb2.PluginInfo(
-            type=PLUGIN_TYPE, name=self._resource, endpoint=self._endpoint(), supported_versions=[API_VERSION]
+            type=self._type, name=self._resource, endpoint=self._endpoint(), supported_versions=self._versions
         )
 
     async def NotifyRegistrationStatus(

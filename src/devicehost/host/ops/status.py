@@ -10,6 +10,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import asdict
 from typing import Any
 
 from devicehost.host.state import HostState, ResourceState
@@ -29,6 +30,7 @@ def _resource(state: ResourceState) -> dict[str, Any]:
         "releases": state.releases,
         "releasing": list(state.releasing),
         "failed_tries": state.failed_tries,
+        **({"dra": asdict(state.dra)} if state.dra is not None else {}),
     }
 
 

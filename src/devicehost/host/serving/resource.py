@@ -2,7 +2,9 @@
 
 A :class:`ResourceServer` composes the parts of one resource: its device table, its
 DevicePlugin servicer, its socket, its ListAndWatch streams and its registrar (which keeps it
-registered, :mod:`~devicehost.host.serving.registration`), plus the backend's health poll.
+registered, :mod:`~devicehost.host.serving.registration`), plus the backend's health poll. A
+resource served through DRA only (:mod:`devicehost.host.dra`) keeps the table, the start and stop
+hooks and the health poll, and serves no DevicePlugin socket.
 """
 
 from __future__ import annotations
@@ -51,11 +53,17 @@ class ResourceServer:
     """Serves and registers one resource of one backend."""
 
     def __init__(
-        self, backend: Backend, resource: Resource, serving: Serving, health_interval: float
+        self,
+        backend: Backend,
+        resource: Resource,
+        serving: Serving,
+        interval: float,
+        device_plugin: bool = True,
     ) -> None:
         self.backend = backend
+        self.device_plugin = device_plugin  # False: served through DRA only
         self.name = resource.name
-        self.health_interval = health_interval
+        self.health_interval = interval
         self.table = DeviceTable(resource.devices)
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
@@ -90,10 +98,11 @@ class ResourceServer:
         """Call the backend's start hook, serve the socket, and begin registering."""
         with structlog.contextvars.bound_contextvars(resource=self.name, backend=self.backend.name):
             await self.backend.start(self.name, self._notifier)
-            await self._serve()
-            self.registrar.start()
+            if self.device_plugin:
+                await self._serve()
+                self.registrar.start()
             if self.backend.implements("devicehost_health"):
-                self._health_task = asyncio.create_task(self._poll_health(), name=f"health {self.name}")
+                self._health_task = asyncio.create_task(_poll_health(self), name=f"health {self.name}")
 
     async def stop(self) -> None:
         """Withdraw: stop registering, end streams, stop serving, remove the socket, call stop."""
@@ -119,7 +128,7 @@ class ResourceServer:
         return ResourceState(
             name=self.name,
             backend=self.backend.name,
-            socket=str(self.socket.path),
+            socket=str(self.socket.path) if self.device_plugin else "",
             registered=self.registrar.registered,
             streams=self.streams.count,
             devices={h.value: sum(d.health is h for d in devices) for h in Health},
@@ -188,12 +197,14 @@ class ResourceServer:
             self._server = None
         self.socket.remove()
 
-    async def _poll_health(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval)
-            try:
-                health = await self.backend.health(self.name, self.table.devices)
-            except HookError as exc:
-                self.log.error("health hook failed", error=str(exc))
-                continue
-            self.apply_health(health)
+
+async def _poll_health(server: ResourceServer) -> None:
+    """Ask the backend's health hook every ``health_interval`` and apply what it answers."""
+    while True:
+        await asyncio.sleep(server.health_interval)
+        try:
+            health = await server.backend.health(server.name, server.table.devices)
+        except HookError as exc:
+            server.log.error("health hook failed", error=str(exc))
+            continue
+        server.apply_health(health)

@@ -29,7 +29,8 @@ class DeviceTable:
         self.version = 0
         self._changed = asyncio.Event()
         self._message: api_pb2.ListAndWatchResponse | None = None
-        self._releasing: frozenset[str] = frozenset()
+        self._holds: dict[str, frozenset[str]] = {}
+        """Device IDs advertised Unhealthy whatever their health, by why (release, dra)."""
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -39,24 +40,33 @@ class DeviceTable:
     @property
     def releasing(self) -> frozenset[str]:
         """IDs of devices being released, advertised Unhealthy until the release ends."""
-        return self._releasing
+        return self._holds.get("release", frozenset())
+
+    def _held(self) -> frozenset[str]:
+        return frozenset().union(*self._holds.values())
 
     def advertised(self) -> tuple[Device, ...]:
-        """The devices as the kubelet is told: those being released are Unhealthy."""
-        if not self._releasing:
+        """The devices as the kubelet is told: those held (being released, prepared through
+        DRA) are Unhealthy."""
+        held = self._held()
+        if not held:
             return tuple(self._devices.values())
         return tuple(
-            replace(d, health=Health.UNHEALTHY) if d.id in self._releasing else d
-            for d in self._devices.values()
+            replace(d, health=Health.UNHEALTHY) if d.id in held else d for d in self._devices.values()
         )
+
+    def hold(self, ids: Iterable[str], reason: str, holding: bool) -> None:
+        """Start (``holding``) or end advertising ``ids`` Unhealthy for ``reason``."""
+        ids = frozenset(ids)
+        current = self._holds.get(reason, frozenset())
+        changed = current | ids if holding else current - ids
+        if changed != current:
+            self._holds[reason] = changed
+            self._bump()
 
     def hold_for_release(self, ids: Iterable[str], holding: bool) -> None:
         """Start (``holding``) or end advertising ``ids`` Unhealthy while they are released."""
-        ids = frozenset(ids)
-        changed = self._releasing | ids if holding else self._releasing - ids
-        if changed != self._releasing:
-            self._releasing = changed
-            self._bump()
+        self.hold(ids, "release", holding)
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
         """The IDs that are not devices of this resource, in order, without repeats."""
@@ -88,12 +98,13 @@ class DeviceTable:
         built = self._message
         self._bump()
         if built is not None:  # health only: the order and every other field stay as built
+            held = self._held()
             patched = api_pb2.ListAndWatchResponse()
             patched.CopyFrom(built)
             position = {device_id: n for n, device_id in enumerate(self._devices)}
             for device_id, value in changed.items():
-                if device_id in self._releasing:
-                    continue  # advertised Unhealthy until its release ends
+                if device_id in held:
+                    continue  # advertised Unhealthy until its hold ends
                 patched.devices[position[device_id]].health = value.value
             self._message = patched
         return True

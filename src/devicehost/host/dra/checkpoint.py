@@ -1,0 +1,105 @@
+"""The claims a driver has prepared, kept in a file so a restarted host still knows them.
+
+The kubelet asks to prepare a claim once and to unprepare it once, possibly across host
+restarts: after one, NodePrepareResources of a prepared claim must answer what it answered
+before, and NodeUnprepareResources must find what to release. The file is JSON, written to a
+temporary file beside it, synced and renamed over it, so a crash leaves the old one or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim: where it is published, what it is, what the runtime got."""
+
+    request: str
+    pool: str
+    device: str
+    resource: str
+    device_id: str
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    """A claim as prepared: its name and devices."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+
+    def by_resource(self) -> dict[str, tuple[str, ...]]:
+        """The claim's device IDs, grouped by resource."""
+        grouped: dict[str, list[str]] = {}
+        for device in self.devices:
+            grouped.setdefault(device.resource, []).append(device.device_id)
+        return {resource: tuple(ids) for resource, ids in grouped.items()}
+
+
+class Checkpoint:
+    """The prepared claims of one driver, by UID, mirrored to ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.claims: dict[str, PreparedClaim] = {}
+
+    def load(self) -> str | None:
+        """Read the file (none yet: no claims); the problem when it cannot be read, as one line."""
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            if raw.get("version") != CHECKPOINT_VERSION:
+                return f"{self.path}: version {raw.get('version')!r} is not {CHECKPOINT_VERSION}"
+            self.claims = {
+                uid: PreparedClaim(
+                    uid=uid,
+                    namespace=entry["namespace"],
+                    name=entry["name"],
+                    devices=tuple(
+                        PreparedDevice(**{**d, "cdi_ids": tuple(d["cdi_ids"])}) for d in entry["devices"]
+                    ),
+                )
+                for uid, entry in raw["claims"].items()
+            }
+        except FileNotFoundError:
+            self.claims = {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            return f"{self.path}: unreadable ({type(exc).__name__}: {exc})"
+        return None
+
+    def add(self, claim: PreparedClaim) -> None:
+        self.claims[claim.uid] = claim
+        self._write()
+
+    def remove(self, uid: str) -> None:
+        if self.claims.pop(uid, None) is not None:
+            self._write()
+
+    def _write(self) -> None:
+        data = {
+            "version": CHECKPOINT_VERSION,
+            "claims": {
+                uid: {"namespace": c.namespace, "name": c.name, "devices": [asdict(d) for d in c.devices]}
+                for uid, c in self.claims.items()
+            },
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                json.dump(data, file, indent=1, sort_keys=True)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temp, self.path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,183 @@
+"""One DRA driver: its resources' slices, its DRAPlugin socket and registration, its claims.
+
+The driver serves the kubelet's DRAPlugin service on ``<plugins dir>/<driver>/`` and, once that
+answers, a registration socket in ``plugins_registry`` (both names unique per host start, so a
+rolling update's two hosts never share one). The kubelet's plugin watcher finds the second,
+reads the first from it, and calls it to prepare and unprepare claims.
+
+Claims are prepared and unprepared by :mod:`.claims`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+import structlog
+
+from devicehost.host.dra import names
+from devicehost.host.dra.checkpoint import Checkpoint
+from devicehost.host.dra.claims import HOLD, Attached, Claims
+from devicehost.host.dra.cluster import Cluster
+from devicehost.host.dra.publisher import Publisher
+from devicehost.host.dra.servicer import SERVICE, DraPluginServicer
+from devicehost.host.dra.slices import slice_spec
+from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
+from devicehost.host.serving.socket import ServedSocket
+from devicehost.proto.dra.v1 import api_pb2_grpc
+from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+
+if TYPE_CHECKING:
+    from devicehost.host.serving.resource import ResourceServer
+
+log = structlog.get_logger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+CHECKPOINT_FILE = "devicehost-claims.json"
+SERVER_STOP_GRACE = 0.5
+
+
+@dataclass(frozen=True)
+class DraSetup:
+    """What every driver of one host start shares."""
+
+    cluster: Cluster
+    node: str
+    plugins_dir: Path
+    registry_dir: Path
+    token: str
+    socket_mode: int
+    device_plugin_holds: Callable[[str], frozenset[str]] = lambda resource: frozenset()
+    """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
+
+
+class DraDriver:
+    """Serves one driver name's resources through DRA."""
+
+    def __init__(self, name: str, setup: DraSetup) -> None:
+        self.name = name
+        self._setup = setup
+        self.directory = setup.plugins_dir / name
+        self.publisher = Publisher(setup.cluster, setup.node, name)
+        self.resources: dict[str, Attached] = {}
+        self.claims = Claims(
+            name,
+            setup.cluster,
+            Checkpoint(self.directory / CHECKPOINT_FILE),
+            self.resources,
+            setup.device_plugin_holds,
+        )
+        self.registered = False
+        self.log = log.bind(driver=name)
+        self._dra_socket = ServedSocket("dra", self.directory, setup.token, setup.socket_mode)
+        self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
+        self._servers: list[grpc.aio.Server] = []
+        self._publishing: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Read the checkpoint, serve DRAPlugin, then the registration socket; start publishing.
+
+        Raises OSError (what was served so far stopped again) when a socket cannot be served.
+        """
+        if not self._setup.registry_dir.is_dir():
+            raise OSError(
+                f"plugins_registry dir {self._setup.registry_dir} does not exist (made by the kubelet)"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        problem = self.claims.checkpoint.load()
+        if problem:
+            self.log.error("prepared claims checkpoint unreadable, starting without it", problem=problem)
+        elif self.claims.checkpoint.claims:
+            self.log.info("prepared claims restored", claims=len(self.claims.checkpoint.claims))
+        try:
+            await self._serve()
+        except BaseException:
+            await self._stop_servers()
+            raise
+        self._publishing = asyncio.create_task(self.publisher.run(), name=f"publish {self.name}")
+        self.log.info(
+            "serving DRA", socket=str(self._dra_socket.path), registration=str(self._registration_socket.path)
+        )
+
+    async def _serve(self) -> None:
+        dra = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        api_pb2_grpc.add_DRAPluginServicer_to_server(
+            DraPluginServicer(self.claims.prepare, self.claims.unprepare), dra
+        )
+        await self._start_server(dra, self._dra_socket)
+        registration = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        registration_grpc.add_RegistrationServicer_to_server(
+            PluginRegistrationServicer(
+                self.name,
+                lambda: str(self._dra_socket.path),
+                self._on_status,
+                plugin_type=PLUGIN_TYPE,
+                versions=(SERVICE,),
+            ),
+            registration,
+        )
+        await self._start_server(registration, self._registration_socket)
+
+    async def stop(self) -> None:
+        """Withdraw every resource and the slices, stop serving, remove both sockets."""
+        for name in list(self.resources):
+            self.detach(name)
+        await self.publisher.withdraw_all()
+        if self._publishing is not None:
+            self._publishing.cancel()
+            await asyncio.gather(self._publishing, return_exceptions=True)
+        await self._stop_servers()
+        self.log.info("DRA withdrawn")
+
+    async def _stop_servers(self) -> None:
+        self._registration_socket.remove()  # first: the kubelet stops calling before the service goes
+        for server in reversed(self._servers):
+            await server.stop(SERVER_STOP_GRACE)
+        self._servers.clear()
+        self._dra_socket.remove()
+
+    def attach(self, server: ResourceServer) -> None:
+        """Publish ``server``'s devices and prepare claims for them."""
+        pool = names.pool_name(self._setup.node, server.name)
+        slice_name = names.slice_name(self._setup.node, self.name, server.name)
+        follow = asyncio.create_task(self._follow(server, pool, slice_name), name=f"dra {server.name}")
+        self.resources[server.name] = Attached(server, pool, slice_name, follow)
+        server.table.hold(self.claims.held(server.name), HOLD, True)  # prepared before a restart too
+
+    def detach(self, resource: str) -> None:
+        """Stop publishing ``resource``; its prepared claims stay in the checkpoint."""
+        attached = self.resources.pop(resource, None)
+        if attached is not None:
+            attached.follow.cancel()
+            self.publisher.drop(attached.slice)
+
+    async def _follow(self, server: ResourceServer, pool: str, slice_name: str) -> None:
+        """Publish the resource's devices now and after every change of its table."""
+        seen = -1
+        while True:
+            if server.table.version != seen:
+                seen = server.table.version
+                self.publisher.want(
+                    slice_name, slice_spec(self._setup.node, self.name, pool, 0, server.table.devices)
+                )
+            await server.table.wait_for_change(seen)
+
+    async def _start_server(self, server: grpc.aio.Server, socket: ServedSocket) -> None:
+        self._servers.append(server)  # stopped on failure too: an unstopped server warns at exit
+        try:
+            socket.bind(server)
+        except RuntimeError as exc:  # grpc's "Failed to bind": say where, as an OSError
+            raise OSError(f"cannot serve {socket.path}: {exc}") from None
+        await server.start()
+
+    def _on_status(self, registered: bool, error: str) -> None:
+        self.registered = registered
+        if registered:
+            self.log.info("registered with the kubelet")
+            self.publisher.poke()  # a starting kubelet deletes the node's slices: publish again
+        else:
+            self.log.error("the kubelet refused the driver", error=error)

@@ -1,0 +1,111 @@
+"""Which API each resource is served through, and the DRA drivers of one host start."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
+
+from devicehost.host.config import HostConfig
+from devicehost.host.dra import names
+from devicehost.host.dra.cluster import Cluster
+from devicehost.host.dra.driver import DraDriver, DraSetup
+from devicehost.host.state import DraState, ResourceState
+
+if TYPE_CHECKING:
+    from devicehost.host.serving.resource import ResourceServer
+
+Api = Literal["device-plugin", "dra", "both"]
+
+
+def kube_cluster(config: HostConfig) -> Cluster:
+    """The API server client (lightkube is imported only here, only when DRA is on)."""
+    from devicehost.host.dra.kube import KubeCluster
+
+    return KubeCluster(config.kubeconfig)
+
+
+class DraDrivers:
+    """The drivers of one host start, each started as its first resource is attached.
+
+    With no resource served through DRA it stays empty: no socket, no API server client.
+    """
+
+    def __init__(
+        self,
+        config: HostConfig,
+        token: str,
+        *,
+        cluster: Callable[[], Cluster] | None = None,
+        device_plugin_holds: Callable[[str], frozenset[str]] = lambda resource: frozenset(),
+    ) -> None:
+        self._config = config
+        self._token = token
+        self._make_cluster = cluster or (lambda: kube_cluster(config))
+        self._cluster: Cluster | None = None
+        self._holds = device_plugin_holds
+        self.drivers: dict[str, DraDriver] = {}
+        self._by_resource: dict[str, DraDriver] = {}
+
+    def api(self, backend: str, resource: str) -> Api:
+        """``serve_through`` of the resource, else of its backend, else ``device-plugin``."""
+        through = self._config.serve_through
+        return through.get(resource) or through.get(backend) or "device-plugin"
+
+    async def attach(self, server: ResourceServer) -> None:
+        """Serve ``server``'s resource through DRA too; a driver that cannot start is logged, and
+        the resource keeps what else it is served through."""
+        name = names.driver_name(server.name, self._config.dra_drivers)
+        driver = self.drivers.get(name)
+        if driver is None:
+            driver = DraDriver(name, self._setup())
+            try:
+                await driver.start()
+            except Exception as exc:
+                server.log.error("not served through DRA", driver=name, error=str(exc))
+                return
+            self.drivers[name] = driver
+        driver.attach(server)
+        self._by_resource[server.name] = driver
+
+    def detach(self, resource: str) -> None:
+        """Stop publishing ``resource`` (its driver keeps serving: claims may still be unprepared)."""
+        driver = self._by_resource.pop(resource, None)
+        if driver is not None:
+            driver.detach(resource)
+
+    def state(self, state: ResourceState) -> ResourceState:
+        """``state`` with how its resource is served through DRA; registered as both APIs are."""
+        driver = self._by_resource.get(state.name)
+        if driver is None:
+            return state
+        only = state.socket == ""
+        prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
+        slice_name = driver.resources[state.name].slice
+        dra = DraState(driver.name, only, driver.registered, slice_name, prepared)
+        return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
+
+    async def close(self) -> None:
+        """Stop every driver (their slices deleted) and let go of the API server."""
+        for driver in list(self.drivers.values()):
+            try:
+                await driver.stop()
+            except Exception as exc:  # one driver's failure must not keep the others' sockets
+                driver.log.error("DRA driver did not stop cleanly", error=str(exc))
+        self.drivers.clear()
+        if self._cluster is not None:
+            await self._cluster.close()
+
+    def _setup(self) -> DraSetup:
+        if self._cluster is None:
+            self._cluster = self._make_cluster()
+        config = self._config
+        return DraSetup(
+            self._cluster,
+            config.node_name,
+            config.dra_plugins_dir,
+            config.plugins_registry_dir,
+            self._token,
+            config.socket_mode,
+            self._holds,
+        )

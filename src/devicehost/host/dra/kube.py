@@ -1,0 +1,121 @@
+"""The API server through lightkube (async, typed ``resource.k8s.io/v1`` models, small).
+
+Compared for this job: the official ``kubernetes`` client is synchronous (every call would need a
+thread) and heavy to import; ``kubernetes_asyncio`` is async but as heavy, generated per
+release; lightkube is asyncio-native over httpx, has the v1 DRA models from lightkube-models, and
+reads in-cluster credentials or a kubeconfig with one call. It is imported only when a resource
+is served through DRA, so the device plugin path pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import httpx2
+from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError
+
+FIELD_MANAGER = "devicehost"
+NOT_FOUND = 404
+
+
+class KubeCluster:
+    """:class:`~devicehost.host.dra.cluster.Cluster` on a real API server.
+
+    The client is made at the first call, so a missing kubeconfig is an error of that call
+    (retried with backoff by the caller), never of the host's start.
+    """
+
+    def __init__(self, kubeconfig: Path | None) -> None:
+        self._kubeconfig = kubeconfig
+        self._client: AsyncClient | None = None
+
+    def _api(self) -> AsyncClient:
+        if self._client is None:
+            try:
+                config = KubeConfig.from_file(self._kubeconfig) if self._kubeconfig else KubeConfig.from_env()
+            except (ConfigError, OSError) as exc:
+                raise ClusterError(f"no API server credentials: {exc}") from None
+            self._client = AsyncClient(config=config, field_manager=FIELD_MANAGER)
+        return self._client
+
+    async def node_uid(self, node: str) -> str:
+        with _errors(f"node {node}"):
+            found = await self._api().get(Node, node)
+        return str(found.metadata.uid if found.metadata else "")
+
+    async def claim(self, namespace: str, name: str) -> ClaimAllocation:
+        with _errors(f"ResourceClaim {namespace}/{name}"):
+            claim = await self._api().get(ResourceClaim, name, namespace=namespace)
+        uid = str(claim.metadata.uid if claim.metadata else "")
+        allocation = claim.status.allocation if claim.status else None
+        results = allocation.devices.results if allocation and allocation.devices else None
+        return ClaimAllocation(
+            uid,
+            tuple(AllocatedDevice(r.request, r.driver, r.pool, r.device) for r in results or ()),
+        )
+
+    async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
+        found: dict[str, Mapping[str, Any]] = {}
+        with _errors("listing ResourceSlices"):
+            async for item in self._api().list(ResourceSlice, fields=_mine(node, driver)):
+                if item.metadata and item.metadata.name:
+                    found[item.metadata.name] = item.to_dict()
+        return found
+
+    async def create_slice(self, body: Mapping[str, Any]) -> None:
+        with _errors(f"creating ResourceSlice {body['metadata']['name']}"):
+            await self._api().create(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+
+    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+        with _errors(f"replacing ResourceSlice {body['metadata']['name']}"):
+            await self._api().replace(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+
+    async def delete_slice(self, name: str) -> None:
+        try:
+            with _errors(f"deleting ResourceSlice {name}"):
+                await self._api().delete(ResourceSlice, name)
+        except _NotFound:
+            pass
+
+    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
+        with _errors("watching ResourceSlices"):
+            async for kind, item in self._api().watch(ResourceSlice, fields=_mine(node, driver)):
+                if kind == "DELETED" and item.metadata and item.metadata.name:
+                    yield item.metadata.name
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _mine(node: str, driver: str) -> dict[str, Any]:
+    return {"spec.nodeName": node, "spec.driver": driver}
+
+
+class _NotFound(ClusterError):
+    pass
+
+
+class _errors:
+    """Turn the client's errors into one-line :class:`ClusterError`s naming what was done."""
+
+    def __init__(self, doing: str) -> None:
+        self._doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, ApiError):
+            status = exc.status
+            error = _NotFound if status.code == NOT_FOUND else ClusterError
+            raise error(f"{self._doing}: {status.code} {status.reason}: {status.message}") from None
+        if isinstance(exc, (httpx2.HTTPError, OSError)):
+            raise ClusterError(f"{self._doing}: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,51 @@
+"""How a resource and its devices are named on the DRA side.
+
+DRA names are stricter than device plugin ones: a driver is a DNS subdomain of at most 63
+characters, a device a DNS label. A device ID that is not one is mapped to one that is, with
+a short hash of the ID so two IDs never share a name; the original ID is published as the
+``id`` attribute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+
+_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+MAX_LABEL = 63
+
+
+def driver_name(resource: str, configured: Mapping[str, str]) -> str:
+    """The configured driver of ``resource``, else its domain (``example.com/widget`` -> ``example.com``)."""
+    return configured.get(resource) or resource.partition("/")[0]
+
+
+def pool_name(node: str, resource: str) -> str:
+    """The pool of ``resource``'s devices on ``node``: ``<node>/<class>`` (one pool per resource)."""
+    return f"{node}/{device_name(resource.partition('/')[2])}"
+
+
+def device_name(device_id: str) -> str:
+    """``device_id`` as a DNS label: itself when it is one, else a cleaned form plus a hash."""
+    if len(device_id) <= MAX_LABEL and _LABEL.fullmatch(device_id):
+        return device_id
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
+    clean = _NOT_LABEL.sub("-", device_id.lower()).strip("-")[: MAX_LABEL - len(digest) - 1].strip("-")
+    return f"{clean}-{digest}" if clean else f"d-{digest}"
+
+
+def slice_name(node: str, driver: str, resource: str) -> str:
+    """A ResourceSlice name (a DNS subdomain) unique per node, driver and resource."""
+    raw = f"{node}-{driver}-{resource.partition('/')[2]}".lower()
+    name = re.sub(r"[^a-z0-9.-]+", "-", raw).strip("-.")
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return f"{name[:244].strip('-.')}-{digest}"
+
+
+def cdi_kind(driver: str, claim_uid: str) -> str:
+    """The CDI kind of one claim's spec: names unique per claim, so no runtime cache mixes claims."""
+    return f"{driver}/claim-{claim_uid}"

@@ -1,0 +1,179 @@
+"""An in-memory API server and scheduler for DRA tests: what the host publishes, and claims on it.
+
+:class:`ClusterStandIn` keeps ResourceSlices as the host writes them and allocates claims from
+them the way the scheduler would for a simple request (``count`` devices of one driver, none
+given to another claim), so a test drives a claim's whole life without a cluster: allocate,
+have the kubelet stand-in prepare it (:func:`prepare`), unprepare, delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError
+from devicehost.proto.dra.v1 import api_pb2, api_pb2_grpc
+from devicehost.proto.pluginregistration.v1 import api_pb2 as registration_pb2
+from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+
+NODE_UID = "0f0f0f0f-node-uid"
+
+
+class ClusterStandIn:
+    """ResourceSlices and ResourceClaims in memory, behind the host's ``Cluster`` seam."""
+
+    def __init__(self) -> None:
+        self.stored: dict[str, dict[str, Any]] = {}
+        """ResourceSlices by name, as stored (with a resourceVersion)."""
+        self.claims: dict[tuple[str, str], ClaimAllocation] = {}
+        self.down: str | None = None
+        """When set, every call fails with this as the API server's error."""
+        self._versions = itertools.count(1)
+        self._deletions: list[asyncio.Queue[str]] = []
+        self.changed = asyncio.Event()
+
+    # -- the seam ------------------------------------------------------------------------------
+
+    async def node_uid(self, node: str) -> str:
+        self._check()
+        return NODE_UID
+
+    async def claim(self, namespace: str, name: str) -> ClaimAllocation:
+        self._check()
+        found = self.claims.get((namespace, name))
+        if found is None:
+            raise ClusterError(f"ResourceClaim {namespace}/{name}: 404 NotFound")
+        return found
+
+    async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
+        self._check()
+        return {
+            name: body
+            for name, body in self.stored.items()
+            if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver
+        }
+
+    async def create_slice(self, body: Mapping[str, Any]) -> None:
+        self._check()
+        name = body["metadata"]["name"]
+        if name in self.stored:
+            raise ClusterError(f"creating ResourceSlice {name}: 409 AlreadyExists")
+        self._store(body)
+
+    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+        self._check()
+        name = body["metadata"]["name"]
+        current = self.stored.get(name)
+        if current is None or current["metadata"]["resourceVersion"] != body["metadata"].get(
+            "resourceVersion"
+        ):
+            raise ClusterError(f"replacing ResourceSlice {name}: 409 Conflict")
+        self._store(body)
+
+    async def delete_slice(self, name: str) -> None:
+        self._check()
+        self.delete(name)
+
+    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
+        self._check()
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        self._deletions.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._deletions.remove(queue)
+
+    async def close(self) -> None:
+        return None
+
+    # -- what tests do -------------------------------------------------------------------------
+
+    def delete(self, name: str) -> None:
+        """Delete a slice, as the kubelet does at its start; watchers are told."""
+        if self.stored.pop(name, None) is not None:
+            for queue in self._deletions:
+                queue.put_nowait(name)
+            self._bump()
+
+    def devices(self, driver: str) -> list[tuple[str, str]]:
+        """(pool, device) of every published device of ``driver``, slice by slice."""
+        return [
+            (body["spec"]["pool"]["name"], device["name"])
+            for body in self.stored.values()
+            if body["spec"]["driver"] == driver
+            for device in body["spec"]["devices"]
+        ]
+
+    def allocate(
+        self, driver: str, count: int = 1, *, namespace: str = "default", name: str = "", request: str = "req"
+    ) -> tuple[str, str, str]:
+        """Allocate ``count`` free devices of ``driver`` to a new claim; its (namespace, uid, name)."""
+        taken = {(d.pool, d.device) for c in self.claims.values() for d in c.devices}
+        free = [d for d in self.devices(driver) if d not in taken]
+        if len(free) < count:
+            raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
+        uid = str(uuid.uuid4())
+        name = name or f"claim-{uid[:8]}"
+        chosen = tuple(AllocatedDevice(request, driver, pool, device) for pool, device in free[:count])
+        self.claims[(namespace, name)] = ClaimAllocation(uid, chosen)
+        return namespace, uid, name
+
+    async def wait(self, predicate: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Wait until ``predicate(self)`` is true, checking after every change."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                self.changed.clear()
+                await self.changed.wait()
+
+    def _store(self, body: Mapping[str, Any]) -> None:
+        stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
+        self.stored[body["metadata"]["name"]] = stored
+        self._bump()
+
+    def _bump(self) -> None:
+        self.changed.set()
+
+    def _check(self) -> None:
+        if self.down is not None:
+            raise ClusterError(self.down)
+
+
+async def registered_endpoint(registration_socket: Path) -> registration_pb2.PluginInfo:
+    """What a DRA registration socket tells the kubelet's plugin watcher (GetInfo), then report
+    the registration as the kubelet does."""
+    async with grpc.aio.insecure_channel(f"unix:{registration_socket}") as channel:
+        stub = registration_grpc.RegistrationStub(channel)
+        info = await stub.GetInfo(registration_pb2.InfoRequest(), timeout=5)
+        await stub.NotifyRegistrationStatus(
+            registration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
+        )
+        return info
+
+
+async def prepare(
+    endpoint: str, claims: Sequence[tuple[str, str, str]]
+) -> api_pb2.NodePrepareResourcesResponse:
+    """NodePrepareResources as the kubelet calls it, for (namespace, uid, name) claims."""
+    async with grpc.aio.insecure_channel(f"unix:{endpoint}") as channel:
+        request = api_pb2.NodePrepareResourcesRequest(
+            claims=[api_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
+        )
+        return await api_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=10)
+
+
+async def unprepare(
+    endpoint: str, claims: Sequence[tuple[str, str, str]]
+) -> api_pb2.NodeUnprepareResourcesResponse:
+    """NodeUnprepareResources as the kubelet calls it."""
+    async with grpc.aio.insecure_channel(f"unix:{endpoint}") as channel:
+        request = api_pb2.NodeUnprepareResourcesRequest(
+            claims=[api_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
+        )
+        return await api_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(request, timeout=10)

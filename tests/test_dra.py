@@ -1,0 +1,140 @@
+"""A claim's whole life through DRA, on the real host with the example backend: the slice is
+published, the driver registers, a claim is prepared (CDI spec, checkpoint), asked again,
+unprepared (release hook), and the slices go when the host stops; a restart keeps claims."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devicehost.host.daemon import Host
+from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
+from devicehost.testing.host import running_host
+from devicehost_example import ExampleBackend
+
+DRIVER = "example.com"
+SLICE = "node-a-example.com-widget"
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="dra-", dir="/tmp") as tmp:  # short socket paths
+        yield Path(tmp)
+
+
+@asynccontextmanager
+async def dra_host(
+    root: Path, cluster: ClusterStandIn, backend: ExampleBackend | None = None, **settings: Any
+) -> AsyncIterator[Host]:
+    (root / "dp").mkdir(exist_ok=True)
+    (root / "registry").mkdir(exist_ok=True)  # the kubelet's plugin watcher dir
+    async with running_host(
+        root / "dp",
+        {"example": backend or ExampleBackend()},
+        cluster=cluster,
+        serve_through={"example": "dra"},
+        node_name="node-a",
+        dra_plugins_dir=root / "plugins",
+        plugins_registry_dir=root / "registry",
+        cdi_dir=root / "cdi",
+        device_release=False,
+        backends={"example": {"resources": {"example.com/widget": 4}}},
+        **settings,
+    ) as host:
+        yield host
+
+
+def registration_socket(root: Path) -> Path:
+    (found,) = (root / "registry").glob("devicehost-example.com-*.sock")
+    return found
+
+
+async def published(cluster: ClusterStandIn, count: int) -> dict[str, Any]:
+    await cluster.wait(lambda c: SLICE in c.stored and len(c.stored[SLICE]["spec"]["devices"]) == count)
+    return cluster.stored[SLICE]
+
+
+async def test_a_claim_from_slice_to_release(root: Path) -> None:
+    cluster = ClusterStandIn()
+    example = ExampleBackend()
+    async with dra_host(root, cluster, example) as host:
+        body = await published(cluster, 4)
+        assert body["spec"]["pool"] == {"name": "node-a/widget", "generation": 1, "resourceSliceCount": 1}
+        assert body["metadata"]["ownerReferences"][0]["kind"] == "Node"
+        assert body["spec"]["devices"][0] == {
+            "name": "widget-0",
+            "attributes": {"id": {"string": "widget-0"}, "numaNode": {"int": 0}},
+        }
+        info = await registered_endpoint(registration_socket(root))
+        assert (info.type, info.name, list(info.supported_versions)) == (
+            "DRAPlugin",
+            DRIVER,
+            ["v1.DRAPlugin"],
+        )
+        assert Path(info.endpoint).parent == root / "plugins" / DRIVER
+
+        claim = cluster.allocate(DRIVER, 2, name="pair")
+        answer = (await prepare(info.endpoint, [claim])).claims[claim[1]]
+        assert answer.error == ""
+        kind = f"{DRIVER}/claim-{claim[1]}"
+        assert [(d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in answer.devices] == [
+            ("node-a/widget", "widget-0", [f"{kind}=widget"]),
+            ("node-a/widget", "widget-1", []),
+        ]
+        spec = json.loads((root / "cdi" / f"devicehost-{DRIVER}_claim-{claim[1]}.json").read_text())
+        assert spec["devices"][0]["containerEdits"]["env"] == ["EXAMPLE_WIDGETS=widget-0,widget-1"]
+        again = (await prepare(info.endpoint, [claim])).claims[claim[1]]
+        assert again == answer  # idempotent: the same answer, no second allocate
+        state = host.snapshot().resources[0]
+        assert state.dra is not None
+        assert state.dra.prepared_claims == 1
+        assert state.dra.only
+        assert state.socket == ""  # no device plugin socket when served through DRA only
+
+        done = (await unprepare(info.endpoint, [claim])).claims[claim[1]]
+        assert done.error == ""
+        assert example.scrubbed == [("example.com/widget", ("widget-0", "widget-1"))]
+        assert not list((root / "cdi").glob("*claim*"))
+        checkpoint = json.loads((root / "plugins" / DRIVER / "devicehost-claims.json").read_text())
+        assert checkpoint["claims"] == {}
+        assert (await unprepare(info.endpoint, [claim])).claims[claim[1]].error == ""  # again: nothing to do
+
+        cluster.delete(SLICE)  # as a starting kubelet does
+        await published(cluster, 4)
+    assert cluster.stored == {}  # withdrawn when the host stops
+    assert not (root / "registry").exists() or not list((root / "registry").iterdir())
+
+
+async def test_claims_that_cannot_be_prepared_say_why(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with dra_host(root, cluster):
+        await published(cluster, 4)
+        endpoint = (await registered_endpoint(registration_socket(root))).endpoint
+        claim = cluster.allocate(DRIVER, 1)
+        answers = await prepare(
+            endpoint, [("default", "no-such-uid", "missing"), claim, (claim[0], "other-uid", claim[2])]
+        )
+        assert "missing: 404 NotFound" in answers.claims["no-such-uid"].error
+        assert answers.claims[claim[1]].error == ""  # one claim's failure leaves the others alone
+        assert "has UID" in answers.claims["other-uid"].error
+
+
+async def test_a_restarted_host_keeps_prepared_claims(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with dra_host(root, cluster):
+        await published(cluster, 4)
+        endpoint = (await registered_endpoint(registration_socket(root))).endpoint
+        claim = cluster.allocate(DRIVER, 1)
+        first = (await prepare(endpoint, [claim])).claims[claim[1]]
+    async with dra_host(root, cluster) as host:
+        await published(cluster, 4)
+        endpoint = (await registered_endpoint(registration_socket(root))).endpoint
+        assert (await prepare(endpoint, [claim])).claims[claim[1]] == first
+        assert host.snapshot().resources[0].dra.prepared_claims == 1  # type: ignore[union-attr]
+        assert (await unprepare(endpoint, [claim])).claims[claim[1]].error == ""
