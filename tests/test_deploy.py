@@ -32,6 +32,17 @@ KUBELET_DIR_COMPONENTS = {
     "kubelet-dir-microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
 }
 COMPONENTS = ("surge", *KUBELET_DIR_COMPONENTS)
+# DRA (resource.k8s.io/v1) exists from Kubernetes 1.34; its component is checked on its own.
+DRA = "example+dra"
+DRA_FLOOR = "1.34.0"
+DRA_EXAMPLES = DEPLOY / "examples" / "dra"
+DRA_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+# What the host does with the API server (host/dra/kube.py): (API group, resource) -> verbs.
+DRA_RBAC = {
+    ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
+    ("resource.k8s.io", "resourceclaims"): {"get"},
+    ("", "nodes"): {"get"},
+}
 # The oldest Kubernetes these manifests promise to fit, and the newest schemas installed.
 KUBERNETES_FLOOR = "1.33.0"
 DEFAULT_KUBELET_DIRS = {
@@ -107,6 +118,11 @@ def render(target: str) -> tuple[dict[str, Any], ...]:
     if "+" not in target:
         return tuple(_kustomize(DEPLOY / "overlays" / target))
     overlay, component = target.split("+")
+    return tuple(_kustomize_own_overlay(overlay, component))
+
+
+def _kustomize_own_overlay(overlay: str, component: str, **more: Any) -> list[dict[str, Any]]:
+    """A user's own overlay: ``overlay`` as its resource, ``component``, and ``more`` keys."""
     # kustomize refuses absolute paths to other kustomizations; a relative one from a scratch
     # directory is fine. This is exactly what a user's own overlay with `components:` does.
     with tempfile.TemporaryDirectory() as name:
@@ -118,10 +134,11 @@ def render(target: str) -> tuple[dict[str, Any], ...]:
                     "kind": "Kustomization",
                     "resources": [os.path.relpath(DEPLOY / "overlays" / overlay, scratch)],
                     "components": [os.path.relpath(DEPLOY / "components" / component, scratch)],
+                    **more,
                 }
             )
         )
-        return tuple(_kustomize(scratch))
+        return _kustomize(scratch)
 
 
 def the(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
@@ -175,8 +192,10 @@ def metrics_port(target: str) -> int:
 
 WITH_COMPONENTS = [f"{o}+{c}" for o in OVERLAYS for c in COMPONENTS]
 EVERY_TARGET = ["base", *OVERLAYS, *WITH_COMPONENTS]
+# Every DaemonSet: the DRA target adds API access and objects, the pod rules stay the same.
+EVERY_POD = [*EVERY_TARGET, DRA]
 # Targets that keep the kubelet's standard directories.
-STANDARD_DIRS = ["base", *OVERLAYS, *(f"{o}+surge" for o in OVERLAYS)]
+STANDARD_DIRS = ["base", *OVERLAYS, *(f"{o}+surge" for o in OVERLAYS), DRA]
 
 
 # --- schema validation -----------------------------------------------------------------------
@@ -218,7 +237,7 @@ def test_base_is_namespace_agnostic_and_overlays_pick_kube_system() -> None:
         assert {o["metadata"].get("namespace") for o in render(overlay)} == {"kube-system"}
 
 
-@pytest.mark.parametrize("target", EVERY_TARGET)
+@pytest.mark.parametrize("target", EVERY_POD)
 def test_pod_is_node_critical_and_tolerates_every_taint(target: str) -> None:
     spec = pod_spec(target)
     assert spec["priorityClassName"] == "system-node-critical"
@@ -240,7 +259,7 @@ def test_service_account_exists_without_a_token(target: str) -> None:
     ]
 
 
-@pytest.mark.parametrize("target", EVERY_TARGET)
+@pytest.mark.parametrize("target", EVERY_POD)
 def test_container_is_locked_down_and_bounded(target: str) -> None:
     main = container(target)
     security = main["securityContext"]
@@ -255,7 +274,7 @@ def test_container_is_locked_down_and_bounded(target: str) -> None:
     assert mounts(target)["tmp"]["mountPath"] == "/tmp"
 
 
-@pytest.mark.parametrize("target", EVERY_TARGET)
+@pytest.mark.parametrize("target", EVERY_POD)
 def test_probes_hit_healthz_and_readyz_on_the_metrics_port(target: str) -> None:
     main = container(target)
     assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -319,7 +338,7 @@ def test_kubelet_dir_component_moves_both_kubelet_dirs(overlay: str, component: 
 # --- the config file -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", EVERY_TARGET)
+@pytest.mark.parametrize("target", EVERY_POD)
 def test_generated_config_map_is_the_one_mounted_and_read(target: str) -> None:
     config_map = the(render(target), "ConfigMap")
     name = config_map["metadata"]["name"]
@@ -379,7 +398,7 @@ def test_overlay_enables_only_its_backend_from_its_own_image(overlay: str) -> No
     assert image == f"devicehost:0.1.0-{overlay}"
 
 
-@pytest.mark.parametrize("target", EVERY_TARGET)
+@pytest.mark.parametrize("target", EVERY_POD)
 def test_image_is_pinned_to_a_tag(target: str) -> None:
     image = container(target)["image"]
     name, _, tag = image.rpartition(":")
@@ -437,6 +456,164 @@ def test_nvidia_overlay_runs_on_gpu_nodes_with_the_nvidia_runtime() -> None:
         assert "runtimeClassName" not in pod_spec(other), other
 
 
+# --- Dynamic Resource Allocation (components/dra, examples/dra) ------------------------------
+
+
+def dra_examples() -> list[dict[str, Any]]:
+    return [
+        doc
+        for path in sorted(DRA_EXAMPLES.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+
+
+def test_dra_objects_match_the_kubernetes_schema_strictly() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kv_utils = pytest.importorskip("kubernetes_validate.utils")
+    objects = render(DRA)
+    assert sorted(o["kind"] for o in objects) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "DeviceClass",
+        "ServiceAccount",
+    ]
+    examples = dra_examples()
+    assert sorted(o["kind"] for o in examples) == ["Pod", "ResourceClaimTemplate"]
+    for version in sorted({DRA_FLOOR, kv_utils.latest_version()}):
+        for obj in [*objects, *examples]:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                path = ".".join(str(p) for p in error.path)
+                pytest.fail(
+                    f"{obj['kind']} {obj['metadata']['name']} invalid for {version} at {path}: {error.message}"
+                )
+
+
+def _rbac_grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    grants: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule, "the host names its slices per node and claim"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault((group, resource), set()).update(rule["verbs"])
+    return grants
+
+
+def test_dra_cluster_role_grants_what_the_host_calls_and_no_more() -> None:
+    objects = render(DRA)
+    role, binding = the(objects, "ClusterRole"), the(objects, "ClusterRoleBinding")
+    assert _rbac_grants(role) == DRA_RBAC
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = the(objects, "ServiceAccount")
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    assert account["metadata"]["namespace"] == "kube-system"
+    # The host needs its token now: the pod's setting wins over the ServiceAccount's.
+    assert pod_spec(DRA)["serviceAccountName"] == account["metadata"]["name"]
+    assert pod_spec(DRA)["automountServiceAccountToken"] is True
+
+
+def test_dra_binding_follows_the_namespace_of_a_users_overlay() -> None:
+    objects = _kustomize_own_overlay("example", "dra", namespace="devices")
+    (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"][0]["namespace"] == "devices"
+    assert the(tuple(objects), "ServiceAccount")["metadata"]["namespace"] == "devices"
+
+
+def test_dra_component_mounts_the_plugins_dir_once_at_the_same_path() -> None:
+    found, mounted = host_paths(DRA), mounts(DRA)
+    assert found["dra-plugins"] == DRA_PLUGINS_DIR
+    assert mounted["dra-plugins"]["mountPath"] == DRA_PLUGINS_DIR, "the kubelet dials the reported path"
+    assert not mounted["dra-plugins"].get("readOnly", False)
+    volumes = {v["name"]: v for v in pod_spec(DRA)["volumes"]}
+    assert volumes["dra-plugins"]["hostPath"]["type"] == "Directory"
+    # plugins_registry comes from the base, once; nothing else is mounted twice either.
+    assert found["plugins-registry"] == DEFAULT_KUBELET_DIRS["plugins-registry"]
+    paths = [m["mountPath"] for m in mounted.values()]
+    assert len(paths) == len(set(paths))
+    assert sorted(found.values()) == sorted(set(found.values()))
+    assert set(mounts("example")) | {"dra-plugins"} == set(mounted)
+    host_config = pytest.importorskip("devicehost.host.config", reason="the host is not installed here")
+    defaults = host_config.HostConfig()
+    assert str(defaults.dra_plugins_dir) == DRA_PLUGINS_DIR, "the config does not set dra_plugins_dir"
+    assert str(defaults.plugins_registry_dir) == mounted["plugins-registry"]["mountPath"]
+
+
+def test_dra_component_env_names_settings_of_the_config_model(tmp_path: Path) -> None:
+    host_config = pytest.importorskip("devicehost.host.config", reason="the host is not installed here")
+    variables = {e["name"]: e for e in container(DRA)["env"]}
+    known = {s.env for s in host_config.settings()}
+    ours = {name for name in variables if name.startswith(host_config.ENV_PREFIX)}
+    assert ours == {"DEVICEHOST_NODE_NAME", "DEVICEHOST_SERVE_THROUGH"}
+    assert ours <= known, f"not settings of the host: {ours - known}"
+    assert variables["DEVICEHOST_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # The host as the pod starts it: the rendered config file plus the environment.
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config(DRA)))
+    environ = {name: variables[name].get("value", "node-1") for name in ours}
+    built = host_config.build_config(config_file, environ=environ)
+    assert built.node_name == "node-1"
+    assert built.serve_through == {"example": "dra"}
+    assert "serve_through" not in config(DRA), "the file would be replaced by the variable"
+    # Everything else is the example overlay's.
+    assert config(DRA) == config("example")
+    assert env("example").items() <= env(DRA).items()
+
+
+def test_dra_device_class_selects_the_driver_of_the_example_resource() -> None:
+    host_config = pytest.importorskip("devicehost.host.config", reason="the host is not installed here")
+    names = pytest.importorskip("devicehost.host.dra.names", reason="the host has no DRA here")
+    (resource,) = config(DRA)["backends"]["example"]["resources"]
+    driver = names.driver_name(resource, host_config.HostConfig().dra_drivers)
+    assert driver == "example.com"
+    device_class = the(render(DRA), "DeviceClass")
+    assert device_class["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{driver}"'}}]
+    assert "namespace" not in device_class["metadata"], "a DeviceClass is cluster-scoped"
+
+
+def test_dra_example_pod_claims_a_device_of_the_device_class() -> None:
+    device_class = the(render(DRA), "DeviceClass")["metadata"]["name"]
+    examples = tuple(dra_examples())
+    template, pod = the(examples, "ResourceClaimTemplate"), the(examples, "Pod")
+    requests = template["spec"]["spec"]["devices"]["requests"]
+    assert [r["exactly"]["deviceClassName"] for r in requests] == [device_class]
+    claims = {c["name"]: c for c in pod["spec"]["resourceClaims"]}
+    assert [c["resourceClaimTemplateName"] for c in claims.values()] == [template["metadata"]["name"]]
+    for each in pod["spec"]["containers"]:
+        assert {c["name"] for c in each["resources"]["claims"]} <= set(claims)
+        assert "limits" not in each["resources"], "the widget comes from the claim, not an extended resource"
+    assert "namespace" not in pod["metadata"], "the user's namespace"
+
+
+def test_dra_docs_name_only_real_settings() -> None:
+    host_config = pytest.importorskip("devicehost.host.config", reason="the host is not installed here")
+    settings = host_config.settings()
+    readme = (DEPLOY / "README.md").read_text()
+    text = (REPO / "docs" / "dra.md").read_text() + readme[readme.index("Dynamic Resource Allocation\n") :]
+    named_env = set(re.findall(r"\bDEVICEHOST_[A-Z_]+\b", text))
+    assert named_env, "the docs name the variables"
+    assert named_env <= {s.env for s in settings} | {host_config.ENV_CONFIG}
+    flags = {s.flag for s in settings}
+    named_flags = set(re.findall(r"`(--[a-z][-a-z]*)", text))
+    assert {f for f in named_flags if f.startswith(("--serve", "--dra", "--node", "--kube"))} <= flags
+    for key in ("serve_through", "dra_drivers", "dra_plugins_dir", "node_name", "kubeconfig"):
+        assert f"`{key}`" in text, key
+        assert key in host_config.HostConfig.model_fields
+
+
 # --- README ----------------------------------------------------------------------------------
 
 
@@ -444,10 +621,11 @@ def test_readme_documents_every_overlay_and_component() -> None:
     readme = (DEPLOY / "README.md").read_text()
     for overlay in OVERLAYS:
         assert f"kubectl apply -k deploy/overlays/{overlay}" in readme
-    for component in COMPONENTS:
+    for component in (*COMPONENTS, "dra"):
         assert f"components/{component}" in readme
     assert "maxSurge" in readme
     assert "1.32" in readme
+    assert "deploy/examples/dra/" in readme
 
 
 # --- Dockerfile ------------------------------------------------------------------------------
