@@ -1,0 +1,196 @@
+"""A claim's whole life through DRA on the real cluster, the host as a process on the node.
+
+The example backend is served through DRA only. The tests run in file order and build on each
+other: the widgets appear as a ResourceSlice; a pod with a claim from a ResourceClaimTemplate of
+the example DeviceClass is scheduled and the kubelet calls NodePrepareResources; a kubelet
+restart and a host restart leave the claim prepared; deleting the pod makes the kubelet call
+NodeUnprepareResources, which releases the widget; the host stopping withdraws the slice.
+Timings go to the session's report (kit.timings).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8skit import DEVICE_PLUGINS_DIR, Kit, until
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "example.com"
+LABEL = {"devicehost-e2e": "dra"}
+ADMIN_KUBECONFIG = "/var/lib/k8s-kit/pki/admin.kubeconfig"
+CLAIMS_FILE = Path("/var/lib/kubelet/plugins") / DRIVER / "devicehost-claims.json"
+
+
+@dataclass
+class DraHost:
+    """``devicehost run`` on the node, serving the example backend through DRA; JSON log lines."""
+
+    config: Path
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [str(Path(sys.executable).parent / "devicehost"), "run", "--config", str(self.config)]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def stop(self) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("event") == event:
+                lines.append(entry)
+        return lines
+
+
+@pytest.fixture(scope="module")
+def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost]:
+    tmp = tmp_path_factory.mktemp("dra-host")
+    node = kit.node()["metadata"]["name"]
+    config = {
+        "enabled_backends": ["example"],
+        "backends": {"example": {"resources": {"example.com/widget": 4}}},
+        "serve_through": {"example": "dra"},
+        "node_name": node,
+        "kubeconfig": ADMIN_KUBECONFIG,
+        "device_plugins_dir": str(DEVICE_PLUGINS_DIR),
+        "log_format": "json",
+    }
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    kit.kubectl("apply", "-f", str(REPO / "deploy/components/dra/deviceclass.yaml"))
+    started = DraHost(tmp / "config.yaml", tmp / "host.log")
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+        kit.kubectl("delete", "pods", "-l", "devicehost-e2e=dra", "--ignore-not-found", "--wait=true")
+        kit.kubectl("delete", "resourceclaimtemplate", "one-widget", "--ignore-not-found")
+        kit.kubectl("delete", "deviceclass", "widget.example.com", "--ignore-not-found")
+
+
+def slices(kit: Kit) -> list[dict[str, Any]]:
+    return [s for s in kit.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER]
+
+
+def published(kit: Kit, count: int) -> bool:
+    found = slices(kit)
+    return len(found) == 1 and len(found[0]["spec"].get("devices", [])) == count
+
+
+def claim_pod(name: str) -> list[dict[str, Any]]:
+    """The example's ResourceClaimTemplate, and a pod of the kit's envsleep image that uses it."""
+    template, pod = yaml.safe_load_all((REPO / "deploy/examples/dra/widget-pod.yaml").read_text())
+    pod["metadata"] = {"name": name, "namespace": "default", "labels": LABEL}
+    pod["spec"]["terminationGracePeriodSeconds"] = 1
+    (container,) = pod["spec"]["containers"]
+    container.update(image="localhost/envsleep:v1", imagePullPolicy="Never")
+    container.pop("command")
+    return [template, pod]
+
+
+def prepared_claims() -> dict[str, Any]:
+    claims: dict[str, Any] = json.loads(CLAIMS_FILE.read_text())["claims"]
+    return claims
+
+
+def test_the_widgets_appear_as_a_resource_slice(kit: Kit, host: DraHost) -> None:
+    started = time.monotonic()
+    until(lambda: published(kit, 4), "a ResourceSlice of example.com with 4 devices", within=60)
+    kit.timings["DRA: host start -> ResourceSlice published"] = round(time.monotonic() - started, 2)
+    (found,) = slices(kit)
+    assert found["spec"]["nodeName"] == kit.node()["metadata"]["name"]
+    assert found["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    assert found["spec"]["devices"][0]["attributes"]["id"] == {"string": "widget-0"}
+    assert until(lambda: host.events("registered with the kubelet"), "the kubelet registered the driver", 30)
+
+
+def test_a_pod_with_a_claim_runs_on_a_prepared_widget(kit: Kit, host: DraHost) -> None:
+    started = time.monotonic()
+    for manifest in claim_pod("widget-user"):
+        kit.apply(manifest)
+
+    def running() -> bool:
+        pod = kit.get("pod", "widget-user")
+        assert pod["status"]["phase"] != "Failed", pod["status"]
+        return bool(pod["status"]["phase"] == "Running")
+
+    until(running, "pod widget-user running", within=120)
+    kit.timings["DRA: pod created -> running"] = round(time.monotonic() - started, 2)
+    (prepared,) = host.events("claim prepared")
+    claim = kit.get("resourceclaims", "-n", "default")["items"][0]
+    assert prepared["uid"] == claim["metadata"]["uid"]
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["device"]) == (DRIVER, prepared["devices"][0])
+    assert list(prepared_claims()) == [claim["metadata"]["uid"]]
+    env = kit.kubectl("logs", "widget-user")
+    # containerd 1.6 has no CDI: the CDI device the kubelet passes in the CRI request is dropped.
+    kit.notes.append(
+        "DRA: container env " + ("has" if "EXAMPLE_WIDGETS=" in env else "lacks") + " EXAMPLE_WIDGETS "
+        "(the CDI spec's edit); containerd here is 1.6, which has no CDI support"
+    )
+
+
+def test_a_kubelet_restart_leaves_the_claim_prepared(kit: Kit, host: DraHost) -> None:
+    uid = next(iter(prepared_claims()))
+    registered = len(host.events("registered with the kubelet"))
+    kit.restart_kubelet()
+    until(lambda: len(host.events("registered with the kubelet")) > registered, "registered again", 60)
+    until(lambda: published(kit, 4), "the slice published again after the kubelet wiped it", within=60)
+    assert list(prepared_claims()) == [uid]
+    assert kit.get("pod", "widget-user")["status"]["phase"] == "Running"
+
+
+def test_a_host_restart_keeps_the_claim(kit: Kit, host: DraHost) -> None:
+    uid = next(iter(prepared_claims()))
+    assert host.stop() == 0
+    until(lambda: not slices(kit), "the slice withdrawn when the host stops", within=30)
+    started = time.monotonic()
+    host.start()
+    until(lambda: published(kit, 4), "the slice back after the host restart", within=60)
+    kit.timings["DRA: host restart -> ResourceSlice published"] = round(time.monotonic() - started, 2)
+    assert until(lambda: host.events("prepared claims restored"), "the checkpoint read", 10)
+    assert list(prepared_claims()) == [uid]
+
+
+def test_deleting_the_pod_unprepares_and_releases_the_widget(kit: Kit, host: DraHost) -> None:
+    started = time.monotonic()
+    kit.kubectl("delete", "pod", "widget-user", "--wait=true")
+    (unprepared,) = until(lambda: host.events("claim unprepared"), "NodeUnprepareResources", within=60)
+    kit.timings["DRA: pod deleted -> claim unprepared"] = round(time.monotonic() - started, 2)
+    assert prepared_claims() == {}
+    (prepared,) = host.events("claim prepared")
+    assert unprepared["uid"] == prepared["uid"]
+    widget = prepared["devices"][0]
+    assert until(
+        lambda: f"scrubbed example.com/widget widgets {widget}" in host.log.read_text(),
+        "the example backend's release hook scrubbing the widget",
+        within=10,
+    )
+
+
+def test_a_stopped_host_withdraws_the_slice(kit: Kit, host: DraHost) -> None:
+    assert host.stop() == 0
+    until(lambda: not slices(kit), "no ResourceSlice of example.com", within=30)
+    assert not list(Path("/var/lib/kubelet/plugins_registry").glob("devicehost-example.com-*.sock"))
