@@ -4,6 +4,7 @@ unprepared (release hook), and the slices go when the host stops; a restart keep
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -11,9 +12,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from devicehost import Health
 from devicehost.host.daemon import Host
+from devicehost.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
+from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
 from devicehost.testing.host import running_host
 from devicehost_example import ExampleBackend
@@ -75,7 +80,7 @@ async def test_a_claim_from_slice_to_release(root: Path) -> None:
         assert (info.type, info.name, list(info.supported_versions)) == (
             "DRAPlugin",
             DRIVER,
-            ["v1.DRAPlugin"],
+            ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"],
         )
         assert Path(info.endpoint).parent == root / "plugins" / DRIVER
 
@@ -138,3 +143,31 @@ async def test_a_restarted_host_keeps_prepared_claims(root: Path) -> None:
         assert (await prepare(endpoint, [claim])).claims[claim[1]] == first
         assert host.snapshot().resources[0].dra.prepared_claims == 1  # type: ignore[union-attr]
         assert (await unprepare(endpoint, [claim])).claims[claim[1]].error == ""
+
+
+async def test_health_reaches_the_kubelet_stream_and_the_slice(root: Path) -> None:
+    cluster = ClusterStandIn()
+    example = ExampleBackend()
+    async with dra_host(root, cluster, example):
+        await published(cluster, 4)
+        endpoint = (await registered_endpoint(registration_socket(root))).endpoint
+        async with grpc.aio.insecure_channel(f"unix:{endpoint}") as channel:
+            stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest()
+            )
+            first = await stream.read()
+            assert [(d.device.pool_name, d.device.device_name, d.health) for d in first.devices][:2] == [
+                ("node-a/widget", "widget-0", health_pb2.HEALTHY),
+                ("node-a/widget", "widget-1", health_pb2.HEALTHY),
+            ]
+            example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.UNHEALTHY)
+            update = await asyncio.wait_for(stream.read(), 5)
+            assert {d.device.device_name: d.health for d in update.devices}[
+                "widget-1"
+            ] == health_pb2.UNHEALTHY
+            body = await published(cluster, 3)  # withdrawn from the slice while unhealthy
+            assert "widget-1" not in [d["name"] for d in body["spec"]["devices"]]
+            assert body["spec"]["pool"]["generation"] == 2
+            example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.HEALTHY)
+            await published(cluster, 4)
+            stream.cancel()

@@ -19,16 +19,24 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
+from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import Checkpoint
 from devicehost.host.dra.claims import HOLD, Attached, Claims
 from devicehost.host.dra.cluster import Cluster
 from devicehost.host.dra.publisher import Publisher
-from devicehost.host.dra.servicer import SERVICE, DraPluginServicer
+from devicehost.host.dra.servicer import (
+    HEALTH_SERVICE,
+    SERVICE,
+    DeviceHealth,
+    DraHealthServicer,
+    DraPluginServicer,
+)
 from devicehost.host.dra.slices import slice_spec
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.proto.dra.v1 import api_pb2_grpc
+from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 
 if TYPE_CHECKING:
@@ -72,6 +80,8 @@ class DraDriver:
             setup.device_plugin_holds,
         )
         self.registered = False
+        self._version = 0
+        self._bumped = asyncio.Event()
         self.log = log.bind(driver=name)
         self._dra_socket = ServedSocket("dra", self.directory, setup.token, setup.socket_mode)
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
@@ -108,6 +118,7 @@ class DraDriver:
         api_pb2_grpc.add_DRAPluginServicer_to_server(
             DraPluginServicer(self.claims.prepare, self.claims.unprepare), dra
         )
+        health_grpc.add_DRAResourceHealthServicer_to_server(DraHealthServicer(self.health, self.changed), dra)
         await self._start_server(dra, self._dra_socket)
         registration = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         registration_grpc.add_RegistrationServicer_to_server(
@@ -116,7 +127,7 @@ class DraDriver:
                 lambda: str(self._dra_socket.path),
                 self._on_status,
                 plugin_type=PLUGIN_TYPE,
-                versions=(SERVICE,),
+                versions=(SERVICE, HEALTH_SERVICE),
             ),
             registration,
         )
@@ -154,6 +165,7 @@ class DraDriver:
         if attached is not None:
             attached.follow.cancel()
             self.publisher.drop(attached.slice)
+            self._bump()
 
     async def _follow(self, server: ResourceServer, pool: str, slice_name: str) -> None:
         """Publish the resource's devices now and after every change of its table."""
@@ -164,7 +176,27 @@ class DraDriver:
                 self.publisher.want(
                     slice_name, slice_spec(self._setup.node, self.name, pool, 0, server.table.devices)
                 )
+                self._bump()
             await server.table.wait_for_change(seen)
+
+    def health(self) -> list[DeviceHealth]:
+        """Every device of the driver's resources with its own health (the kubelet's health stream)."""
+        return [
+            (attached.pool, names.device_name(d.id), d.health is Health.HEALTHY)
+            for attached in self.resources.values()
+            for d in attached.server.table.devices
+        ]
+
+    async def changed(self, seen: int) -> int:
+        """The devices' version once it differs from ``seen`` (at once for -1)."""
+        while self._version == seen:
+            await self._bumped.wait()
+        return self._version
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._bumped.set()
+        self._bumped = asyncio.Event()
 
     async def _start_server(self, server: grpc.aio.Server, socket: ServedSocket) -> None:
         self._servers.append(server)  # stopped on failure too: an unstopped server warns at exit
