@@ -83,7 +83,9 @@ def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost
     started.start()
     try:
         yield started
-    finally:
+    finally:  # pods first: the kubelet unprepares their claims through the host
+        if started.process is not None and started.process.poll() is None:
+            kit.kubectl("delete", "pods", "-l", "devicehost-e2e=dra", "--ignore-not-found", "--wait=true")
         started.stop()
         kit.kubectl("delete", "pods", "-l", "devicehost-e2e=dra", "--ignore-not-found", "--wait=true")
         kit.kubectl("delete", "resourceclaimtemplate", "one-widget", "--ignore-not-found")

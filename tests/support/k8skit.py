@@ -7,6 +7,7 @@ polling. Nothing here is a stand-in: every answer comes from the API server or t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,10 @@ PYTHON_BASE = "localhost/python-base:bookworm"
 KUBELET_PID = Path("/run/k8s-kit/kubelet.pid")
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_LOG = Path("/var/lib/k8s-kit/logs/kubelet.log")
+KIT_RUN = Path("/run/k8s-kit")
+KIT_LOGS = Path("/var/lib/k8s-kit/logs")
+GATED_DAEMONS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+"""Started by up.sh with no --feature-gates; restarted with some by :meth:`Kit.set_feature_gates`."""
 # What the kubelet logs about device plugins (the lines worth reading after a scenario).
 DEVICE_PLUGIN_WORDS = (
     "ListAndWatch", "Deregistered", "Mark all resources", "Endpoint became", "Device plugin", "Probe failed",
@@ -44,6 +49,31 @@ def until(check: Callable[[], T | None], what: str, within: float = 60.0, every:
         if time.monotonic() > deadline:
             raise AssertionError(f"not true after {within:.0f} s: {what}")
         time.sleep(every)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (an exited child of this process is reaped here, not counted as running)."""
+    with contextlib.suppress(ChildProcessError):  # not our child: its parent reaps it
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM, then SIGKILL after 10 s, as down.sh stops the kit's daemons (the API server can
+    take a minute to drain its watches)."""
+    if not _alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        until(lambda: not _alive(pid), f"pid {pid} to exit after SIGKILL", within=10, every=0.1)
 
 
 def kit_dir() -> Path | None:
@@ -122,6 +152,45 @@ class Kit:
             return have[1] == allocatable and capacity in (None, have[0])
 
         until(reached, f"{name}: capacity {capacity}, allocatable {allocatable}", within)
+
+    def set_feature_gates(self, gates: Mapping[str, bool]) -> None:
+        """Restart the control plane and the kubelet with ``--feature-gates`` (an empty mapping
+        restarts them without); each keeps the rest of the command line up.sh gave it.
+
+        The kit has no setting for gates, so each daemon is restarted the way up.sh started it:
+        detached, in its own session, with the same log and pid file; down.sh stops it as usual.
+        """
+        flag = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        commands = {}
+        for daemon in GATED_DAEMONS:  # every command line first: stopping one may end another
+            pid = int((KIT_RUN / f"{daemon}.pid").read_text())
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            commands[daemon] = (pid, [a.decode() for a in raw if not a.startswith(b"--feature-gates=")])
+        for daemon in reversed(GATED_DAEMONS):
+            _stop(commands[daemon][0])
+        for daemon in GATED_DAEMONS:
+            argv = commands[daemon][1]
+            argv = [*argv, f"--feature-gates={flag}"] if flag else argv
+            # as up.sh starts it: setsid in the background, its pid echoed, the shell gone at once
+            # (the daemon belongs to init, not to this process)
+            detach = 'setsid "$@" >>"$0" 2>&1 </dev/null & echo $!'
+            pid = int(self.run("sh", "-c", detach, KIT_LOGS / f"{daemon}.log", *argv, timeout=30))
+            (KIT_RUN / f"{daemon}.pid").write_text(f"{pid}\n")
+            if daemon == "kube-apiserver":
+                until(lambda: self._ready(), "kube-apiserver /readyz", within=90)
+        until(lambda: self._heartbeat_since(since), "the node Ready with a new kubelet heartbeat", within=90)
+
+    def _ready(self) -> bool:
+        try:
+            return self.kubectl("get", "--raw", "/readyz", timeout=10).strip() == "ok"
+        except AssertionError:
+            return False
+
+    def _heartbeat_since(self, since: str) -> bool:
+        conditions = self.node()["status"]["conditions"]
+        ready = next(c for c in conditions if c["type"] == "Ready")
+        return bool(ready["status"] == "True" and ready["lastHeartbeatTime"] >= since)
 
     def restart_kubelet(self) -> None:
         """Stop the kubelet, wait for the process to end, start it again with up.sh (as the kit says)."""

@@ -1,0 +1,194 @@
+"""DRA behind 1.35's alpha gates, on the real cluster with the gates turned on for this module.
+
+- ``DRAExtendedResource`` (KEP-5004): a DeviceClass naming ``extendedResourceName`` lets a pod
+  that asks for ``example.com/widget: 1`` be given a widget through DRA; the scheduler makes the
+  claim, the kubelet prepares it with the host like any other.
+- ``ResourceHealthStatus``: the kubelet streams device health from the host's
+  DRAResourceHealth service into the pod's status (``allocatedResourcesStatus``).
+
+The gates go on for the API server, controller-manager, scheduler and kubelet at the start and
+off again at the end (the kit starts them without any).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8skit import DEVICE_PLUGINS_DIR, Kit, until
+
+REPO = Path(__file__).resolve().parents[2]
+ADMIN_KUBECONFIG = "/var/lib/k8s-kit/pki/admin.kubeconfig"
+GATES = {"DRAExtendedResource": True, "ResourceHealthStatus": True}
+LABEL = {"devicehost-e2e": "dra-gates"}
+GIZMO_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gizmo.gizmos.example.org"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gizmos.example.org"'}}]},
+}
+
+
+def host_config(node: str, unhealthy: list[str]) -> dict[str, Any]:
+    return {
+        "enabled_backends": ["example", "gizmo"],
+        "backends": {
+            "example": {"resources": {"example.com/widget": 2}},
+            "gizmo": {"count": 2, "unhealthy": unhealthy},
+        },
+        "serve_through": {"example": "dra", "gizmo": "dra"},
+        "node_name": node,
+        "kubeconfig": ADMIN_KUBECONFIG,
+        "device_plugins_dir": str(DEVICE_PLUGINS_DIR),
+        "health_interval": 1,
+        "log_format": "json",
+    }
+
+
+class Host:
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config, self.log = config, log
+        command = [str(Path(sys.executable).parent / "devicehost"), "run", "--config", str(config)]
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log.read_text().splitlines():
+            entry = json.loads(line) if line.startswith("{") else {}
+            if entry.get("event") == event:
+                found.append(entry)
+        return found
+
+
+@pytest.fixture(scope="module")
+def gated(kit: Kit) -> Iterator[Kit]:
+    started = time.monotonic()
+    kit.set_feature_gates(GATES)
+    kit.timings["DRA gates on (4 daemons restarted)"] = round(time.monotonic() - started, 1)
+    try:
+        yield kit
+    finally:
+        kit.set_feature_gates({})
+
+
+@pytest.fixture(scope="module")
+def host(gated: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    kit = gated
+    tmp = tmp_path_factory.mktemp("dra-gates")
+    node = kit.node()["metadata"]["name"]
+    (tmp / "config.yaml").write_text(yaml.safe_dump(host_config(node, [])))
+    widget_class = yaml.safe_load((REPO / "deploy/components/dra/deviceclass.yaml").read_text())
+    widget_class["spec"]["extendedResourceName"] = "example.com/widget"
+    kit.apply(widget_class)
+    kit.apply(GIZMO_CLASS)
+    host = Host(tmp / "config.yaml", tmp / "host.log")
+    try:
+        until(lambda: len(host.events("registered with the kubelet")) == 2, "both drivers registered", 60)
+        yield host
+    finally:  # pods first: the kubelet unprepares their claims through the host
+        kit.kubectl("delete", "pods", "-l", "devicehost-e2e=dra-gates", "--ignore-not-found", "--wait=true")
+        if host.process.poll() is None:
+            host.process.send_signal(signal.SIGTERM)
+        host.process.wait(timeout=30)
+        kit.kubectl("delete", "resourceclaimtemplate", "one-gizmo", "--ignore-not-found")
+        kit.kubectl(
+            "delete", "deviceclass", "widget.example.com", "gizmo.gizmos.example.org", "--ignore-not-found"
+        )
+
+
+def pod(name: str, **spec: Any) -> dict[str, Any]:
+    container = {"name": "app", "image": "localhost/envsleep:v1", "imagePullPolicy": "Never"}
+    container.update(spec.pop("container", {}))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": LABEL},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [container],
+            **spec,
+        },
+    }
+
+
+def running(kit: Kit, name: str) -> bool:
+    status = kit.get("pod", name)["status"]
+    assert status["phase"] != "Failed", status
+    return bool(status["phase"] == "Running")
+
+
+def test_a_pod_asking_for_the_extended_resource_gets_a_widget_through_dra(gated: Kit, host: Host) -> None:
+    kit = gated
+    started = time.monotonic()
+    kit.apply(pod("extended", container={"resources": {"limits": {"example.com/widget": 1}}}))
+    until(lambda: running(kit, "extended"), "pod extended running", within=120)
+    kit.timings["DRA extended resource: pod created -> running"] = round(time.monotonic() - started, 2)
+    (prepared,) = [e for e in host.events("claim prepared") if e["driver"] == "example.com"]
+    claims = kit.get("resourceclaims", "-n", "default")["items"]
+    (claim,) = [c for c in claims if c["metadata"]["uid"] == prepared["uid"]]
+    assert claim["status"]["allocation"]["devices"]["results"][0]["driver"] == "example.com"
+    # no device plugin offers widgets here (a count left from earlier device plugin runs is 0)
+    assert int(kit.node()["status"].get("allocatable", {}).get("example.com/widget", 0)) == 0
+    kit.kubectl("delete", "pod", "extended", "--wait=true")
+    until(lambda: host.events("claim unprepared"), "the scheduler's claim unprepared", within=60)
+
+
+def test_an_unhealthy_device_shows_in_the_pod_status(gated: Kit, host: Host) -> None:
+    kit = gated
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gizmo", "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gizmo", "exactly": {"deviceClassName": "gizmo.gizmos.example.org"}}
+                    ]
+                }
+            }
+        },
+    }
+    kit.apply(template)
+    kit.apply(
+        pod(
+            "gizmo-user",
+            resourceClaims=[{"name": "gizmo", "resourceClaimTemplateName": "one-gizmo"}],
+            container={"resources": {"claims": [{"name": "gizmo"}]}},
+        )
+    )
+    until(lambda: running(kit, "gizmo-user"), "pod gizmo-user running", within=120)
+    (prepared,) = [e for e in host.events("claim prepared") if e["driver"] == "gizmos.example.org"]
+    gizmo = prepared["devices"][0]
+
+    def health() -> dict[str, str]:
+        statuses = kit.get("pod", "gizmo-user")["status"].get("containerStatuses", [])
+        found = {}
+        for status in statuses:
+            for resource in status.get("allocatedResourcesStatus") or []:
+                for entry in resource.get("resources") or []:
+                    found[entry["resourceID"]] = entry.get("health", "")
+        return found
+
+    # the kubelet names a device in the pod status by the CDI ID the host answered for it
+    device_id = f"gizmos.example.org/claim-{prepared['uid']}=gizmo"
+    until(lambda: health().get(device_id) == "Healthy", f"{device_id} Healthy in the pod status", within=60)
+    started = time.monotonic()
+    host.config.write_text(yaml.safe_dump(host_config(kit.node()["metadata"]["name"], [gizmo])))
+    host.process.send_signal(signal.SIGHUP)
+    until(
+        lambda: health().get(device_id) == "Unhealthy", f"{device_id} Unhealthy in the pod status", within=60
+    )
+    kit.timings["DRA health: device unhealthy -> pod status says so"] = round(time.monotonic() - started, 2)
