@@ -121,7 +121,10 @@ SAMPLES = {
     "preferred_allocation": ("{example.com/widget: numa-pack}", {"example.com/widget": "numa-pack"}),
     # dra and both need node_name too; one setting at a time, device-plugin is what is left to say
     "serve_through": ("{example: device-plugin}", {"example": "device-plugin"}),
-    "dra_drivers": ("{example.com/widget: widgets.example.com}", {"example.com/widget": "widgets.example.com"}),
+    "dra_drivers": (
+        "{example.com/widget: widgets.example.com}",
+        {"example.com/widget": "widgets.example.com"},
+    ),
     "node_name": ("node-a", "node-a"),
     "kubeconfig": ("/x/kubeconfig", Path("/x/kubeconfig")),
 }
