@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hostfakes import install_test_backends
 
+from devicehost.testing.conformance_dra import slice_problems
 from devicehost.testing.conformance_support import RULES
 from devicehost.testing.host import BackendLoadError, host_process, running_host
 from devicehost.testing.kubelet import KubeletStandIn
@@ -31,9 +32,12 @@ SUMMARY = re.compile(
 rootdir), the test, the rule it broke."""
 
 
-def conformance(workdir: Path, backend: str, settings: object = None) -> tuple[int, dict[str, str], str]:
-    """Run the conformance command; its exit status, broken rule by test name, and its output."""
-    args = [*CONFORMANCE, "--devicehost-backend", backend]
+def conformance(
+    workdir: Path, backend: str, settings: object = None, *, dra: bool = False
+) -> tuple[int, dict[str, str], str]:
+    """Run the conformance command (with the DRA checks when ``dra``); its exit status, broken
+    rule by test name, and its output."""
+    args = [*CONFORMANCE, "--devicehost-backend", backend, *(["--devicehost-dra"] if dra else [])]
     if settings is not None:
         (workdir / "settings.yaml").write_text(yaml.safe_dump(settings))
         args += ["--devicehost-settings", "settings.yaml"]
@@ -55,6 +59,14 @@ def test_example_backend_conforms(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example")
     assert (code, broken) == (0, {}), output
     assert "passed" in output
+    assert "4 deselected" in output  # the DRA checks run only when asked for
+
+
+def test_example_backend_conforms_through_dra(short_tmp: Path) -> None:
+    code, broken, output = conformance(short_tmp, "example", dra=True)
+    assert (code, broken) == (0, {}), output
+    assert "passed, 1 skipped" in output  # only preferred-allocation: every DRA check ran
+    assert "deselected" not in output
 
 
 def test_hostdev_backend_conforms_on_a_fake_tree(short_tmp: Path) -> None:
@@ -134,6 +146,46 @@ def test_kit_fails_a_backend_whose_cdi_names_no_spec_defines(short_tmp: Path) ->
     )
     assert "=g0'" not in output
     assert not Path("/var/run/cdi/devicehost-podbreakers.example.com_gpu.json").exists()
+
+
+def test_kit_fails_a_claim_prepared_with_cdi_names_no_spec_defines(short_tmp: Path) -> None:
+    code, broken, output = conformance(short_tmp, "unresolvable-cdi", dra=True)
+    assert code == 1, output
+    assert broken == {
+        "test_cdi_names_are_defined": "cdi-names",
+        "test_reload_keeps_allocations_working": "reload",
+        "test_dra_claims_are_prepared": "dra-prepare",
+    }, output
+    assert (
+        "podbreakers.example.com/gpu claim of ['g2']: no spec in the CDI dir defines"
+        " ['podbreakers.example.com/gpu=g2']" in output
+    )
+    assert "claim of ['g0']" not in output  # g0 and g1 were prepared and resolved
+
+
+def test_slice_checks_name_what_the_api_server_refuses() -> None:
+    good = {"name": "w-0", "attributes": {"id": {"string": "w_0"}, "example.com/model": {"int": 3}}}
+    assert slice_problems([good]) == []
+    bad = {
+        "name": "W_0",
+        "attributes": {
+            "id": {"string": "x" * 65},
+            "bad-name": {"int": 1},
+            "ok": {"bool": "yes"},
+            "two": {"int": 1, "bool": True},
+        },
+    }
+    assert slice_problems([bad, {"name": "w-1"}, {"name": "w-1"}]) == [
+        "device name 'W_0' is not a DNS label",
+        f"W_0: attribute 'id': string '{'x' * 65}' is not a valid value (strings: at most 64)",
+        "W_0: attribute 'bad-name': not a C identifier of at most 32 characters",
+        "W_0: attribute 'ok': bool 'yes' is not a valid value (strings: at most 64)",
+        "W_0: attribute 'two': {'int': 1, 'bool': True} must hold exactly one of bool, int, string, version",
+        "device name 'w-1' appears twice",
+    ]
+    assert slice_problems([{"name": f"w-{n}"} for n in range(129)]) == [
+        "129 devices in one slice, the API allows 128"
+    ]
 
 
 def test_kit_reports_a_failing_start_hook_once_with_its_exception(short_tmp: Path) -> None:

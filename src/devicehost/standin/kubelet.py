@@ -1,4 +1,5 @@
-"""A kubelet stand-in: the device manager's side of the device plugin protocol, over grpc.aio.
+"""A kubelet stand-in: the device manager's side of the device plugin protocol, over grpc.aio,
+and the DRA manager's side of Dynamic Resource Allocation.
 
 It serves ``v1beta1.Registration`` on ``<device-plugins dir>/kubelet.sock``, dials each plugin
 back before answering ``Register``, reads every ``ListAndWatch`` stream once (never retried)
@@ -12,7 +13,9 @@ and models kubelet 1.32 where plugins trip over it. Tests drive and inspect it::
 :class:`KubeletStandIn` is the device manager (:mod:`~devicehost.standin.device_manager`: records,
 events, admission, and the calls tests use) with the kubelet around it: ``kubelet.sock`` and its
 Registration service (:mod:`~devicehost.standin.registration`), the plugin watcher
-(:mod:`~devicehost.standin.plugin_watcher`), and the kubelet's starts, restarts and crashes.
+(:mod:`~devicehost.standin.plugin_watcher`), the DRA manager (:mod:`~devicehost.standin.dra`,
+``kubelet.dra``: drivers and their prepare and unprepare calls), and the kubelet's starts,
+restarts and crashes.
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ import structlog
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 from devicehost.standin.connection import ConnectError
 from devicehost.standin.device_manager import DeviceManager
+from devicehost.standin.dra import CALL_TIMEOUT, DraManager
+from devicehost.standin.dra import PLUGIN_TYPE as DRA_PLUGIN
+from devicehost.standin.dra import validation_problem as dra_problem
 from devicehost.standin.events import COMPONENT
 from devicehost.standin.model import EventKind
-from devicehost.standin.plugin_watcher import PluginWatcher
+from devicehost.standin.plugin_watcher import PLUGIN_TYPE as DEVICE_PLUGIN
+from devicehost.standin.plugin_watcher import PluginHandler, PluginWatcher, device_plugin_problem
 from devicehost.standin.pod_resources import PodResourcesServer, write_checkpoint
 from devicehost.standin.registration import CHECKPOINT, KubeletSocket, register_problem
 
@@ -43,10 +50,13 @@ class KubeletStandIn(DeviceManager):
     and the current connection closed too (its plugin sees its stream end).
     ``True`` models newer kubelets, which close the replaced connection quietly. A disconnected
     resource stays at allocatable 0 until it registers again (the kubelet's end state once its
-    5-minute grace period is over; the grace period itself is not modelled). ``watcher=True``
-    also runs the plugin watcher on ``plugins_registry_dir``; ``deprecation_file=True`` then also
-    writes ``DEPRECATION`` in the device-plugins dir, as older kubelets did (kubelet 1.32's
-    device-plugin handler does not: seen with its own code under dpharness).
+    5-minute grace period is over; the grace period itself is not modelled). With a
+    ``plugins_registry_dir`` the plugin watcher runs on it for DRA drivers (``kubelet.dra``;
+    each call's deadline defaults to ``dra_call_timeout``, the kubelet's 45 s); ``watcher=True``
+    lets device plugins register there too (else their sockets are left alone), and
+    ``deprecation_file=True`` then also writes ``DEPRECATION`` in the device-plugins dir, as
+    older kubelets did (kubelet 1.32's device-plugin handler does not: seen with its own code
+    under dpharness).
     ``pod_resources_socket`` also serves the pod-resources API there
     (:mod:`~devicehost.standin.pod_resources`), fed by :meth:`allocate` and :meth:`release_pod`,
     and keeps the checkpoint file up to date.
@@ -65,6 +75,7 @@ class KubeletStandIn(DeviceManager):
         close_replaced_streams: bool = False,
         dial_timeout: float = 10.0,
         pod_resources_socket: Path | None = None,
+        dra_call_timeout: float = CALL_TIMEOUT,
     ) -> None:
         if watcher and plugins_registry_dir is None:
             raise ValueError("watcher=True needs plugins_registry_dir")
@@ -78,6 +89,8 @@ class KubeletStandIn(DeviceManager):
         self._watcher_enabled = watcher
         self._deprecation_file = deprecation_file
         self._watcher: PluginWatcher | None = None
+        self.dra = DraManager(self._events, dra_call_timeout)
+        """DRA drivers registered through ``plugins_registry``, and ``prepare``/``unprepare``."""
         self._log = structlog.get_logger("devicehost.kubelet").bind(component=COMPONENT)
         self.pod_resources_socket = pod_resources_socket
         self.pod_resources = PodResourcesServer(self._admission.pods, self._allocatable)
@@ -99,17 +112,20 @@ class KubeletStandIn(DeviceManager):
     async def start(self) -> None:
         """Clean the dir except the checkpoint, then serve ``kubelet.sock`` (a new inode)."""
         self._socket.clean_dir()
-        if self._watcher_enabled and self.plugins_registry_dir is not None:
-            if self._deprecation_file:
+        if self.plugins_registry_dir is not None:
+            if self._watcher_enabled and self._deprecation_file:
                 (self.device_plugins_dir / DEPRECATION).write_text(
                     "Device plugins may register through the plugins_registry dir.\n"
                 )
-            self._watcher = PluginWatcher(
-                self.plugins_registry_dir,
-                self._connect_client,
-                self._registry.deregister,
-                self._register_failed,
-            )
+            handlers = {DRA_PLUGIN: PluginHandler(dra_problem, self.dra.register, self.dra.deregister)}
+            if self._watcher_enabled:
+                handlers[DEVICE_PLUGIN] = PluginHandler(
+                    device_plugin_problem,
+                    self._connect_client,
+                    lambda name, _: self._registry.deregister(name),
+                )
+            ignored = () if self._watcher_enabled else (DEVICE_PLUGIN,)
+            self._watcher = PluginWatcher(self.plugins_registry_dir, handlers, self._register_failed, ignored)
             self._watcher.start()
         await self._socket.serve(self._register)
         if self.pod_resources_socket is not None:
@@ -141,6 +157,7 @@ class KubeletStandIn(DeviceManager):
         if self.pod_resources_socket is not None:
             await self.pod_resources.stop(self.pod_resources_socket)
         await self._registry.disconnect_all(reason)
+        await self.dra.disconnect_all(reason)
 
     def _allocatable(self) -> dict[str, list[str]]:
         """Every device the kubelet knows, by resource (GetAllocatableResources)."""

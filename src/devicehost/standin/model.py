@@ -1,4 +1,4 @@
-"""What the kubelet stand-in reports: events, device lists, resource and allocation views."""
+"""What the kubelet stand-in reports: events, device lists, resource, allocation and DRA views."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
+from devicehost.proto.dra.v1 import api_pb2 as dra_pb2
 
 HEALTHY = "Healthy"
 VERSION = "v1beta1"
@@ -14,7 +15,7 @@ VERSION = "v1beta1"
 
 
 class EventKind(enum.StrEnum):
-    """What happened to a resource, as recorded in :attr:`KubeletStandIn.events`."""
+    """What happened to a resource (or a DRA driver), as recorded in :attr:`KubeletStandIn.events`."""
 
     REGISTERED = "registered"
     REGISTER_FAILED = "register-failed"
@@ -22,6 +23,11 @@ class EventKind(enum.StrEnum):
     DEVICES = "devices"
     DISCONNECTED = "disconnected"
     DEREGISTERED = "deregistered"
+    PREPARED = "prepared"
+    """DRA: NodePrepareResources answered every claim (the event's resource is the driver)."""
+    PREPARE_FAILED = "prepare-failed"
+    UNPREPARED = "unprepared"
+    UNPREPARE_FAILED = "unprepare-failed"
 
 
 class Event(NamedTuple):
@@ -96,3 +102,25 @@ class AllocationResult:
 
 class AdmissionError(Exception):
     """The kubelet would refuse the pod before or after asking the plugin."""
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One device of a prepared claim, as the DRA driver answered NodePrepareResources."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+
+    @classmethod
+    def from_proto(cls, device: dra_pb2.Device) -> DraDevice:
+        """Convert a wire ``Device``."""
+        return cls(
+            tuple(device.request_names), device.pool_name, device.device_name, tuple(device.cdi_device_ids)
+        )
+
+
+class DraCallError(Exception):
+    """A DRA call failed as the kubelet would fail it (its text): the driver is not registered,
+    the call failed, a claim came back with an error, or a claim asked for did not come back."""

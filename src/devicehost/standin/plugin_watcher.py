@@ -1,11 +1,17 @@
-"""The kubelet's plugin-watcher path: sockets in ``plugins_registry`` found with inotify."""
+"""The kubelet's plugin-watcher path: sockets in ``plugins_registry`` found with inotify.
+
+Each socket's ``GetInfo`` names its plugin type; the handler of that type (the kubelet's
+``cache.PluginHandler``: device plugins, DRA drivers) validates and registers it, and the
+outcome goes back with ``NotifyRegistrationStatus``. Removing the socket deregisters it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -30,21 +36,25 @@ def _is_socket(path: Path) -> bool:
         return False
 
 
-def validate_plugin(info: api_pb2.PluginInfo) -> str | None:
-    """The plugin watcher's type check and the device manager's ``ValidatePlugin``, as kubelet text."""
-    if info.type != PLUGIN_TYPE:
-        return f"RegisterPlugin error -- no handler registered for plugin type: {info.type}"
-    if VERSION not in info.supported_versions:
-        return (
-            "RegisterPlugin error -- plugin validation failed with err: manager version, "
-            f"{VERSION}, is not among plugin supported versions {list(info.supported_versions)}"
-        )
-    if resource_name_problem(info.name):
-        return (
-            "RegisterPlugin error -- plugin validation failed with err: invalid name of device "
-            f'plugin socket: the ResourceName "{info.name}" is invalid'
-        )
+def device_plugin_problem(name: str, endpoint: str, versions: Sequence[str]) -> str | None:
+    """The device manager's ``ValidatePlugin``, as kubelet text, or ``None``."""
+    if VERSION not in versions:
+        return f"manager version, {VERSION}, is not among plugin supported versions {list(versions)}"
+    if resource_name_problem(name):
+        return f'invalid name of device plugin socket: the ResourceName "{name}" is invalid'
     return None
+
+
+@dataclass(frozen=True)
+class PluginHandler:
+    """What the kubelet does with sockets of one plugin type."""
+
+    validate: Callable[[str, str, Sequence[str]], str | None]
+    """(name, endpoint, supported versions) -> the validation error, or ``None``."""
+    register: Callable[[str, str], Awaitable[str | None]]
+    """(name, endpoint) -> the registration error (or a ``ConnectError`` raised), or ``None``."""
+    deregister: Callable[[str, str], Awaitable[None]]
+    """(name, endpoint): the registration socket went away."""
 
 
 class PluginWatcher:
@@ -52,20 +62,22 @@ class PluginWatcher:
 
     Sockets are handled one at a time, in the order inotify reports them; sockets already
     present when the watcher starts are handled first, as the kubelet walks the dir on start.
+    A socket of a type in ``ignored`` is left alone (asked ``GetInfo`` only, never answered).
     """
 
     def __init__(
         self,
         directory: Path,
-        register: Callable[[str, str], Awaitable[None]],
-        deregister: Callable[[str], Awaitable[None]],
+        handlers: Mapping[str, PluginHandler],
         failed: Callable[[str, str], None],
+        ignored: Collection[str] = (),
     ) -> None:
         self.directory = directory
-        self._register = register
-        self._deregister = deregister
+        self._handlers = dict(handlers)
         self._failed = failed
-        self._plugins: dict[Path, str] = {}
+        self._ignored = frozenset(ignored)
+        self._plugins: dict[Path, tuple[PluginHandler, str, str]] = {}
+        """Registered sockets: their handler, name and endpoint."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -95,9 +107,10 @@ class PluginWatcher:
                 if event.mask & _ADDED:
                     await self._added(path)
                 elif event.mask & _REMOVED:
-                    name = self._plugins.pop(path, None)
-                    if name is not None:
-                        await self._deregister(name)
+                    registered = self._plugins.pop(path, None)
+                    if registered is not None:
+                        handler, name, endpoint = registered
+                        await handler.deregister(name, endpoint)
 
     async def _added(self, path: Path) -> None:
         if path in self._plugins or not _is_socket(path):
@@ -116,18 +129,33 @@ class PluginWatcher:
                     f"{path}, err: {exc.code().name}: {exc.details()}",
                 )
                 return
-            error = validate_plugin(info)
-            if error is None:
-                try:
-                    await self._register(info.name, info.endpoint or str(path))
-                except ConnectError as exc:
-                    error = f"RegisterPlugin error -- plugin registration failed with err: {exc}"
-            if error is None:
-                self._plugins[path] = info.name
+            handler = self._handlers.get(info.type)
+            if handler is None and info.type in self._ignored:
+                return
+            endpoint = info.endpoint or str(path)
+            error = await self._register(handler, info, endpoint)
+            if error is None and handler is not None:
+                self._plugins[path] = (handler, info.name, endpoint)
             else:
-                self._failed(info.name, error)
+                self._failed(info.name or path.name, error or "")
             status = api_pb2.RegistrationStatus(plugin_registered=error is None, error=error or "")
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stub.NotifyRegistrationStatus(status, timeout=NOTIFY_TIMEOUT)
         finally:
             await channel.close(None)
+
+    @staticmethod
+    async def _register(handler: PluginHandler | None, info: api_pb2.PluginInfo, endpoint: str) -> str | None:
+        """The kubelet's checks and its handler's registration; its error text, or ``None``."""
+        if handler is None:
+            return f"RegisterPlugin error -- no handler registered for plugin type: {info.type}"
+        problem = handler.validate(info.name, endpoint, list(info.supported_versions))
+        if problem is not None:
+            return f"RegisterPlugin error -- plugin validation failed with err: {problem}"
+        try:
+            problem = await handler.register(info.name, endpoint)
+        except ConnectError as exc:
+            problem = str(exc)
+        if problem is not None:
+            return f"RegisterPlugin error -- plugin registration failed with err: {problem}"
+        return None

@@ -15,10 +15,11 @@ What it holds:
 - ``devicehost.testing.plugin``: the pytest plugin with the ``kubelet``, ``host`` and
   ``start_host`` fixtures (``pytest -p devicehost.testing.plugin``).
 - ``devicehost.testing.conformance``: the conformance suite
-  (``pytest -p devicehost.testing.plugin --pyargs devicehost.testing.conformance``).
+  (``pytest -p devicehost.testing.plugin --pyargs devicehost.testing.conformance``; its DRA
+  rules with ``--devicehost-dra``).
 
-Which modules import pytest: ``plugin``, ``conformance`` and ``conformance_support`` do, and
-are loaded only by pytest. This package itself, ``host`` and ``kubelet`` (the stand-in's old
+Which modules import pytest: ``plugin``, ``conformance``, ``conformance_support`` and
+``conformance_dra`` do, and are loaded only by pytest. This package itself, ``host`` and ``kubelet`` (the stand-in's old
 address, kept for tests written against it) do not, so importing :mod:`devicehost.testing`
 works without pytest installed. The kit imports the host and the stand-in; neither imports it.
 """

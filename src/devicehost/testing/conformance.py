@@ -1,27 +1,30 @@
 """The backend conformance suite: run it against an installed backend with one command::
 
     pytest -p devicehost.testing.plugin --pyargs devicehost.testing.conformance \\
-        --devicehost-backend NAME [--devicehost-settings settings.yaml]
+        --devicehost-backend NAME [--devicehost-settings settings.yaml] [--devicehost-dra]
 
 Each check is one test; a failure starts with the rule it broke, ``[rule-id]``, listed in
 :data:`devicehost.testing.conformance_support.RULES`. Checks marked "direct" call the backend's
 hooks in this thread; "wire" checks run the real host against the kubelet stand-in. Both
 write CDI specs to the kit's temporary dir (the ``devicehost_cdi_dir`` fixture), never to the
 machine's. When ``devicehost_start`` fails, "start-hook" reports it once, with the hook's own
-exception, and the wire checks are skipped rather than each timing out.
+exception, and the wire checks are skipped rather than each timing out. The ``dra-*`` checks
+(marked ``devicehost_dra``) run only with ``--devicehost-dra``: the backend served through DRA
+(:mod:`devicehost.testing.conformance_dra`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pluggy
 import pytest
+import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +35,7 @@ from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
 from devicehost.standin import AdmissionError, EventKind, KubeletStandIn, ResourceView
+from devicehost.testing.conformance_dra import DraRun, device_id, dra_run, slice_problems
 from devicehost.testing.conformance_support import (
     HEALTH_HOOK,
     UNKNOWN_ID,
@@ -47,7 +51,7 @@ from devicehost.testing.conformance_support import (
     undefined_cdi_names,
 )
 from devicehost.testing.host import BackendLoadError, load_named, running_host
-from devicehost.testing.plugin import StartHost
+from devicehost.testing.plugin import DRA_MARKER, StartHost
 
 WAIT = 5.0
 HEALTH_POLL = 0.05
@@ -546,3 +550,118 @@ async def test_released_devices_come_back(
             await kubelet.allocate(resource.name, 1, ids, pod="conformance-again")
         except (AssertionError, grpc.aio.AioRpcError, AdmissionError) as exc:
             broken("device-release", f"{resource.name}: released {ids} not allocatable again: {exc}")
+
+
+# -- Dynamic Resource Allocation (--devicehost-dra) -----------------------------------------
+
+dra_check: pytest.MarkDecorator = getattr(pytest.mark, DRA_MARKER)
+
+
+@pytest_asyncio.fixture
+async def dra(
+    devicehost_backend_name: str,
+    devicehost_settings: dict[str, Any],
+    devicehost_dir: Path,
+    devicehost_cdi_dir: Path,
+    plugin: object,
+    starts: None,
+) -> AsyncIterator[DraRun]:
+    """The backend (the ``direct`` fixture's object) served through DRA only, with its settings."""
+    async with dra_run(
+        devicehost_dir,
+        devicehost_backend_name,
+        plugin,
+        devicehost_settings,
+        devicehost_cdi_dir,
+        hook_timeout=WAIT,
+        health_interval=HEALTH_POLL,
+    ) as run:
+        yield run
+
+
+def _with_healthy(served: list[Resource], rule: str) -> Resource:
+    found = [r for r in served if healthy_ids(r)]
+    if not found:
+        pytest.skip(f"no resource has a healthy device to check {rule} with")
+    return found[0]
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_publishes_every_resource(served: list[Resource], dra: DraRun) -> None:
+    for resource in served:
+        devices = await dra.published(resource, healthy_ids(resource), "dra-slices")
+        problems = slice_problems(devices)
+        if problems:
+            broken("dra-slices", f"{resource.name}: {'; '.join(problems[:5])}")
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_claims_are_prepared(served: list[Resource], dra: DraRun) -> None:
+    for resource in served:
+        published = [d["name"] for d in await dra.published(resource, healthy_ids(resource), "dra-prepare")]
+        await dra.registered(resource, "dra-prepare")
+        for devices in [*([name] for name in published), *([published[:2]] if len(published) > 1 else [])]:
+            claim = dra.claim(resource, devices)
+            first = await dra.prepare(resource, claim, "dra-prepare")
+            problems = dra.answer_problems(resource, devices, first)
+            if problems:
+                broken("dra-prepare", "; ".join(problems[:5]))
+            again = await dra.prepare(resource, claim, "dra-prepare")
+            if again != first:
+                broken(
+                    "dra-prepare", f"{resource.name} claim of {devices}: asked again, {again} after {first}"
+                )
+            await dra.unprepare(resource, claim, "dra-unprepare")
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_unprepare_releases(direct: DirectBackend, served: list[Resource], dra: DraRun) -> None:
+    resource = _with_healthy(served, "dra-unprepare")
+    device = (await dra.published(resource, healthy_ids(resource), "dra-unprepare"))[0]
+    await dra.registered(resource, "dra-unprepare")
+    claim = dra.claim(resource, [device["name"]])
+    try:
+        await dra.prepare(resource, claim, "dra-prepare")
+    except pytest.fail.Exception as exc:
+        pytest.skip(f"nothing prepared to unprepare; see the dra-prepare rule ({str(exc).splitlines()[0]})")
+    await dra.unprepare(resource, claim, "dra-unprepare")
+    released = (resource.name, (device_id(device),))
+    if direct.implements("devicehost_release") and released not in dra.releases:
+        broken("dra-unprepare", f"{resource.name}: unprepared {released[1]}, never released ({dra.releases})")
+    if dra.prepared_claims(resource):
+        broken("dra-unprepare", f"{resource.name}: the host still holds the unprepared claim")
+    again = dra.claim(resource, [device["name"]])
+    await dra.prepare(resource, again, "dra-unprepare")
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_unhealthy_devices_leave_the_slice(
+    direct: DirectBackend, served: list[Resource], dra: DraRun
+) -> None:
+    toggle = health_toggle(direct)
+    if toggle is None:
+        pytest.skip(f"no {HEALTH_HOOK} on the backend: it does not claim health goes both ways")
+    resource = _with_healthy(served, "dra-health")
+    device = healthy_ids(resource)[0]
+    await dra.published(resource, healthy_ids(resource), "dra-health")
+    for health in (Health.UNHEALTHY, Health.HEALTHY):
+        await asyncio.to_thread(toggle, resource.name, device, health)
+        await _published_while(dra, resource, device, health)
+
+
+async def _published_while(dra: DraRun, resource: Resource, device: str, health: Health) -> None:
+    """Wait until ``device`` is published exactly when it is ``health``, Healthy."""
+    present = health == Health.HEALTHY
+
+    def done(run: DraRun) -> bool:
+        return (device in (run.published_ids(resource) or set())) == present
+
+    def what() -> str:
+        seen = "never published again" if present else "still published"
+        return f"{resource.name} device {device} turned {health}, {seen} after {WAIT:g}s"
+
+    await dra.until(done, "dra-health", what)

@@ -49,7 +49,12 @@ RULES = {
     "preferred-allocation": "devicehost_preferred_allocation returns exactly size distinct available IDs, must-include ones among them",
     "kubelet-restart": "every resource registers again, with its devices, after the kubelet restarts",
     "device-release": "devicehost_release returns for devices a pod held, and they are allocatable again after it",
+    "dra-slices": "served through DRA, each resource's healthy devices are published in its ResourceSlice, with names and attributes the API server accepts",
+    "dra-prepare": "a claim of one device (and of two) is prepared through the kubelet: its devices, in the resource's pool, with CDI IDs a spec in the CDI dir defines; asked again, the same answer",
+    "dra-unprepare": "a claim unprepared through the kubelet reaches devicehost_release (when implemented), leaves the host, and its device can be prepared again",
+    "dra-health": "a device the backend makes Unhealthy leaves its ResourceSlice and comes back when Healthy again (devicehost_conformance_set_health)",
 }
+"""The ``dra-*`` rules run only with ``--devicehost-dra`` (see :mod:`devicehost.testing.conformance_dra`)."""
 
 HEALTH_HOOK = "devicehost_conformance_set_health"
 """The optional test-seam hook (see :mod:`devicehost.hookspecs.spec`): having it declares that

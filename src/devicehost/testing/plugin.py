@@ -12,8 +12,12 @@ Options (each also an ini key, underscores instead of dashes):
 ``--devicehost-reload-settings FILE``
     the settings the conformance suite's reload check reconfigures the backend with (default:
     the ``--devicehost-settings`` ones again).
+``--devicehost-dra``
+    also run the conformance suite's DRA rules (``dra-*``): the backend served through Dynamic
+    Resource Allocation. Without it those checks are deselected (ini: ``devicehost_dra = true``).
 
 Fixtures: ``devicehost_backend_name``, ``devicehost_settings``, ``devicehost_reload_settings``,
+``devicehost_dra`` (whether ``--devicehost-dra`` was given),
 ``devicehost_cdi_dir`` (a temporary CDI spec dir, :mod:`devicehost.cdi`'s default while the test
 runs), ``kubelet`` (a started :class:`KubeletStandIn`), ``start_host`` (a factory:
 ``await start_host(backends, **config)``) and ``host`` (the selected backend with its settings,
@@ -42,6 +46,9 @@ from devicehost.testing.host import running_host
 BACKEND_OPTION = "devicehost_backend"
 SETTINGS_OPTION = "devicehost_settings"
 RELOAD_SETTINGS_OPTION = "devicehost_reload_settings"
+DRA_OPTION = "devicehost_dra"
+DRA_MARKER = "devicehost_dra"
+"""Marks a check that runs only with ``--devicehost-dra``."""
 TEST_HOOK_TIMEOUT = 5.0
 
 
@@ -92,11 +99,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="YAML settings the reload check reconfigures the backend with (default: the same again)",
     )
+    group.addoption(
+        "--devicehost-dra",
+        dest=DRA_OPTION,
+        action="store_true",
+        help="also run the conformance suite's DRA rules (the backend served through DRA)",
+    )
     parser.addini(BACKEND_OPTION, "installed backend to test (as --devicehost-backend)")
     parser.addini(SETTINGS_OPTION, "YAML settings file of that backend (as --devicehost-settings)")
     parser.addini(
         RELOAD_SETTINGS_OPTION, "YAML settings for the reload check (as --devicehost-reload-settings)"
     )
+    parser.addini(
+        DRA_OPTION, "run the DRA conformance rules (as --devicehost-dra)", type="bool", default=False
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{DRA_MARKER}: a DRA conformance check, run with --devicehost-dra")
+
+
+def dra_selected(config: pytest.Config) -> bool:
+    """Whether ``--devicehost-dra`` (or the ini key) asks for the DRA checks."""
+    return bool(config.getoption(DRA_OPTION) or config.getini(DRA_OPTION))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the DRA checks unless they were asked for."""
+    if dra_selected(config):
+        return
+    deselected = [item for item in items if item.get_closest_marker(DRA_MARKER) is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.get_closest_marker(DRA_MARKER) is None]
 
 
 def _option(config: pytest.Config, name: str) -> str | None:
@@ -151,6 +186,12 @@ def devicehost_reload_settings(
     if _option(pytestconfig, RELOAD_SETTINGS_OPTION) is None:
         return devicehost_settings
     return selected_settings(pytestconfig, RELOAD_SETTINGS_OPTION)
+
+
+@pytest.fixture
+def devicehost_dra(pytestconfig: pytest.Config) -> bool:
+    """Whether the DRA checks were asked for: ``--devicehost-dra``."""
+    return dra_selected(pytestconfig)
 
 
 @pytest.fixture

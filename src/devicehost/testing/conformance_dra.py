@@ -1,0 +1,253 @@
+"""The conformance suite's DRA run, for backends that opt in with ``--devicehost-dra``.
+
+The backend is served through DRA only (``serve_through: {backend: dra}``) by the real host, with
+an in-memory API server and scheduler (:class:`~devicehost.testing.cluster.ClusterStandIn`) and
+the kubelet stand-in, whose plugin watcher takes the driver's registration from
+``plugins_registry`` and prepares and unprepares claims over the wire. :func:`slice_problems`
+checks a published ResourceSlice against what the API server accepts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devicehost import cdi
+from devicehost.hookspecs.types import Resource
+from devicehost.host.daemon import Host
+from devicehost.host.dra import names
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
+from devicehost.standin import DraCallError, DraDevice, KubeletStandIn
+from devicehost.testing.cluster import ClusterStandIn
+from devicehost.testing.conformance_support import broken
+from devicehost.testing.host import running_host
+
+NODE = "conformance-node"
+NAMESPACE = "conformance"
+REQUEST = "device"
+WAIT = 5.0
+MAX_SLICE_DEVICES = 128
+"""Devices one ResourceSlice may hold (``resource.k8s.io/v1``)."""
+MAX_DEVICE_FIELDS = 32
+"""Attributes and capacities together, per device."""
+MAX_VALUE = 64
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+ClaimRef = tuple[str, str, str]
+
+
+def _qualified_name_problem(name: str) -> str | None:
+    domain, _, identifier = name.rpartition("/")
+    if domain and (len(domain) > 63 or not _SUBDOMAIN.fullmatch(domain)):
+        return f"attribute {name!r}: {domain!r} is not a DNS subdomain"
+    if len(identifier) > 32 or not _IDENTIFIER.fullmatch(identifier):
+        return f"attribute {name!r}: not a C identifier of at most 32 characters"
+    return None
+
+
+def _value_problem(name: str, value: Mapping[str, Any]) -> str | None:
+    if not isinstance(value, Mapping) or len(value) != 1:
+        return f"attribute {name!r}: {value!r:.100} must hold exactly one of bool, int, string, version"
+    ((kind, held),) = value.items()
+    valid = {
+        "bool": isinstance(held, bool),
+        "int": isinstance(held, int) and not isinstance(held, bool),
+        "string": isinstance(held, str) and len(held) <= MAX_VALUE,
+        "version": isinstance(held, str) and len(held) <= MAX_VALUE,
+    }
+    if not valid.get(kind, False):
+        return f"attribute {name!r}: {kind} {held!r:.100} is not a valid value (strings: at most {MAX_VALUE})"
+    return None
+
+
+def slice_problems(devices: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What the API server would refuse in a slice's devices: names, attributes, counts."""
+    problems = []
+    if len(devices) > MAX_SLICE_DEVICES:
+        problems.append(f"{len(devices)} devices in one slice, the API allows {MAX_SLICE_DEVICES}")
+    seen: set[str] = set()
+    for device in devices:
+        name = str(device.get("name", ""))
+        if len(name) > 63 or not _LABEL.fullmatch(name):
+            problems.append(f"device name {name!r} is not a DNS label")
+        if name in seen:
+            problems.append(f"device name {name!r} appears twice")
+        seen.add(name)
+        attributes = device.get("attributes", {})
+        if len(attributes) + len(device.get("capacity", {})) > MAX_DEVICE_FIELDS:
+            problems.append(f"{name}: more than {MAX_DEVICE_FIELDS} attributes and capacities")
+        for attribute, value in attributes.items():
+            problem = _qualified_name_problem(attribute) or _value_problem(attribute, value)
+            if problem:
+                problems.append(f"{name}: {problem}")
+    return problems
+
+
+def device_id(device: Mapping[str, Any]) -> str:
+    """The device ID the host published a slice's device for (its ``id`` attribute)."""
+    return str(device.get("attributes", {}).get("id", {}).get("string", ""))
+
+
+@dataclass
+class DraRun:
+    """One host serving the backend through DRA, its API server, and the kubelet."""
+
+    backend: str
+    host: Host
+    cluster: ClusterStandIn
+    kubelet: KubeletStandIn
+    cdi_dir: Path
+    releases: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    """(resource, device IDs) of every release hook call that returned, in order."""
+
+    def driver(self, resource: Resource) -> str:
+        return names.driver_name(resource.name, self.host.config.dra_drivers)
+
+    def pool(self, resource: Resource) -> str:
+        return names.pool_name(NODE, resource.name)
+
+    def devices(self, resource: Resource) -> list[Mapping[str, Any]] | None:
+        """The devices of the resource's slice now; ``None`` while it is not published."""
+        body = self.cluster.stored.get(names.slice_name(NODE, self.driver(resource), resource.name))
+        return None if body is None else list(body["spec"]["devices"])
+
+    def published_ids(self, resource: Resource) -> set[str] | None:
+        devices = self.devices(resource)
+        return None if devices is None else {device_id(d) for d in devices}
+
+    async def until(self, predicate: Callable[[DraRun], bool], rule: str, what: Callable[[], str]) -> None:
+        """Wait up to WAIT seconds for ``predicate(self)``; break ``rule`` saying ``what()`` if never."""
+        try:
+            await self.cluster.wait(lambda _: predicate(self), WAIT)
+        except TimeoutError:
+            broken(rule, what())
+
+    async def published(self, resource: Resource, ids: Sequence[str], rule: str) -> list[Mapping[str, Any]]:
+        """The resource's slice devices once they are exactly ``ids``."""
+        await self.until(
+            lambda run: run.published_ids(resource) == set(ids),
+            rule,
+            lambda: (
+                f"{resource.name}: published {_sorted(self.published_ids(resource))} after {WAIT:g}s,"
+                f" not its healthy devices {sorted(ids)}"
+            ),
+        )
+        return self.devices(resource) or []
+
+    async def registered(self, resource: Resource, rule: str) -> str:
+        """The resource's driver, once the kubelet has its registration."""
+        driver = self.driver(resource)
+        try:
+            await self.kubelet.dra.wait_for_driver(driver, WAIT)
+        except AssertionError as exc:
+            broken(rule, f"{resource.name}: {exc}")
+        return driver
+
+    def claim(self, resource: Resource, devices: Sequence[str]) -> ClaimRef:
+        """A claim the scheduler allocated ``devices`` (slice device names) of the resource's pool to."""
+        uid = str(uuid.uuid4())
+        name = f"conformance-{uid[:8]}"
+        driver, pool = self.driver(resource), self.pool(resource)
+        allocated = tuple(AllocatedDevice(REQUEST, driver, pool, device) for device in devices)
+        self.cluster.claims[(NAMESPACE, name)] = ClaimAllocation(uid, allocated)
+        return NAMESPACE, uid, name
+
+    async def prepare(self, resource: Resource, claim: ClaimRef, rule: str) -> tuple[DraDevice, ...]:
+        """The claim's devices as the driver prepared them; ``rule`` broken when it refuses."""
+        try:
+            answer = await self.kubelet.dra.prepare(self.driver(resource), [claim], timeout=WAIT)
+        except DraCallError as exc:
+            broken(rule, f"{resource.name}: {exc}")
+        return answer[claim[1]]
+
+    async def unprepare(self, resource: Resource, claim: ClaimRef, rule: str) -> None:
+        """Unprepare the claim (``rule`` broken when refused); the scheduler then forgets it."""
+        try:
+            await self.kubelet.dra.unprepare(self.driver(resource), [claim], timeout=WAIT)
+        except DraCallError as exc:
+            broken(rule, f"{resource.name}: {exc}")
+        self.cluster.claims.pop((claim[0], claim[2]), None)
+
+    def answer_problems(
+        self, resource: Resource, devices: Sequence[str], answer: Sequence[DraDevice]
+    ) -> list[str]:
+        """What is wrong with a prepared claim's answer: devices, pools, requests, CDI IDs."""
+        what = f"{resource.name} claim of {list(devices)}"
+        problems = []
+        if sorted(d.device for d in answer) != sorted(devices):
+            problems.append(f"{what}: answered devices {[d.device for d in answer]}")
+        problems += [
+            f"{what}: {d.device} answered in pool {d.pool!r}, not {self.pool(resource)!r}"
+            for d in answer
+            if d.pool != self.pool(resource)
+        ]
+        problems += [
+            f"{what}: {d.device} answered for requests {list(d.requests)}, not [{REQUEST!r}]"
+            for d in answer
+            if REQUEST not in d.requests
+        ]
+        defined = cdi.defined_names(self.cdi_dir)
+        undefined = [i for d in answer for i in d.cdi_ids if i not in defined]
+        if undefined:
+            problems.append(f"{what}: no spec in the CDI dir defines {undefined}")
+        return problems
+
+    def prepared_claims(self, resource: Resource) -> int:
+        """Claims the host holds prepared with the resource's devices (its state)."""
+        states = [s for s in self.host.snapshot().resources if s.name == resource.name and s.dra is not None]
+        return sum(s.dra.prepared_claims for s in states if s.dra is not None)
+
+    def _record_releases(self) -> None:
+        """Note every release call of the host's backend that returns (the hook ran, or is absent)."""
+        backend = self.host.backends.loaded[self.backend]
+        release = backend.release
+
+        async def recording(resource: str, device_ids: tuple[str, ...]) -> None:
+            await release(resource, device_ids)
+            self.releases.append((resource, tuple(device_ids)))
+
+        backend.release = recording  # type: ignore[method-assign]
+
+
+def _sorted(ids: set[str] | None) -> list[str] | str:
+    return "nothing" if ids is None else sorted(ids)
+
+
+@contextlib.asynccontextmanager
+async def dra_run(
+    directory: Path,
+    backend: str,
+    plugin: object,
+    settings: Mapping[str, Any],
+    cdi_dir: Path,
+    **config: Any,
+) -> AsyncIterator[DraRun]:
+    """The real host serving ``plugin`` through DRA only to a kubelet stand-in and a ClusterStandIn."""
+    registry = directory / "dra-registry"
+    cluster = ClusterStandIn()
+    async with (
+        KubeletStandIn(directory / "dra-device-plugins", registry) as kubelet,
+        running_host(
+            kubelet.device_plugins_dir,
+            {backend: plugin},
+            cluster=cluster,
+            serve_through={backend: "dra"},
+            node_name=NODE,
+            dra_plugins_dir=directory / "dra-plugins",
+            plugins_registry_dir=registry,
+            cdi_dir=cdi_dir,
+            backends={backend: dict(settings)},
+            device_release=False,
+            **config,
+        ) as host,
+    ):
+        run = DraRun(backend, host, cluster, kubelet, cdi_dir)
+        run._record_releases()
+        yield run
