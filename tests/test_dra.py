@@ -89,7 +89,7 @@ async def test_a_claim_from_slice_to_release(root: Path) -> None:
         assert answer.error == ""
         kind = f"{DRIVER}/claim-{claim[1]}"
         assert [(d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in answer.devices] == [
-            ("node-a/widget", "widget-0", [f"{kind}=widget"]),
+            ("node-a/widget", "widget-0", [f"{kind}=req.widget"]),
             ("node-a/widget", "widget-1", []),
         ]
         spec = json.loads((root / "cdi" / f"devicehost-{DRIVER}_claim-{claim[1]}.json").read_text())

@@ -379,7 +379,7 @@ async def test_the_hosts_driver_through_the_stand_in(base: Path) -> None:
             claim = cluster.allocate("example.com", 1)
             (device,) = (await kubelet.dra.prepare("example.com", [claim]))[claim[1]]
             assert (device.pool, device.device, device.requests) == ("node-a/widget", "widget-0", ("req",))
-            assert device.cdi_ids == (f"example.com/claim-{claim[1]}=widget",)
+            assert device.cdi_ids == (f"example.com/claim-{claim[1]}=req.widget",)
             await kubelet.dra.unprepare("example.com", [claim])
             assert example.scrubbed == [("example.com/widget", ("widget-0",))]
             with pytest.raises(DraCallError, match="ResourceClaim default/gone: 404 NotFound"):

@@ -183,7 +183,7 @@ def test_an_unhealthy_device_shows_in_the_pod_status(gated: Kit, host: Host) -> 
         return found
 
     # the kubelet names a device in the pod status by the CDI ID the host answered for it
-    device_id = f"gizmos.example.org/claim-{prepared['uid']}=gizmo"
+    device_id = f"gizmos.example.org/claim-{prepared['uid']}=gizmo.gizmo"  # <request>.<class>
     until(lambda: health().get(device_id) == "Healthy", f"{device_id} Healthy in the pod status", within=60)
     started = time.monotonic()
     host.config.write_text(yaml.safe_dump(host_config(kit.node()["metadata"]["name"], [gizmo])))

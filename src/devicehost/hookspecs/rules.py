@@ -24,6 +24,8 @@ _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
 _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _CDI_KIND = re.compile(rf"{_DNS1123_SUBDOMAIN.pattern}/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+BUILT_IN_ATTRIBUTES = {"id": "ID", "numaNode": "NUMA node", "group": "group"}
+"""DRA attributes the host publishes for every device; a backend's attributes may not reuse them."""
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE]|[eE][0-9]+)?")
 _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
@@ -205,6 +207,8 @@ def _attributes_problem(attributes: object) -> str | None:
     for name, value in attributes.items():
         if not isinstance(name, str) or not _ATTRIBUTE_NAME.fullmatch(name):
             return f"attribute name {name!r:.100} must be a C identifier of at most 32 characters"
+        if name in BUILT_IN_ATTRIBUTES:
+            return f"attribute name {name!r} is the host's own (the device's {BUILT_IN_ATTRIBUTES[name]})"
         if not isinstance(value, (bool, int, str)) or (isinstance(value, str) and len(value) > 64):
             return f"attribute {name}: {value!r:.100} must be a bool, an int or a string of at most 64 characters"
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,10 +41,15 @@ class PreparedClaim:
 
     def by_resource(self) -> dict[str, tuple[str, ...]]:
         """The claim's device IDs, grouped by resource."""
-        grouped: dict[str, list[str]] = {}
-        for device in self.devices:
-            grouped.setdefault(device.resource, []).append(device.device_id)
-        return {resource: tuple(ids) for resource, ids in grouped.items()}
+        return by_resource(self.devices)
+
+
+def by_resource(devices: Iterable[PreparedDevice]) -> dict[str, tuple[str, ...]]:
+    """Device IDs grouped by resource, in order."""
+    grouped: dict[str, list[str]] = {}
+    for device in devices:
+        grouped.setdefault(device.resource, []).append(device.device_id)
+    return {resource: tuple(ids) for resource, ids in grouped.items()}
 
 
 class Checkpoint:

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ContainerAllocation
+from devicehost.hookspecs.types import ContainerAllocation, Health
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
-from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from devicehost.host.dra.cluster import Cluster, ClusterError
+from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
+from devicehost.host.dra.cluster import AllocatedDevice, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 
 if TYPE_CHECKING:
@@ -70,13 +70,22 @@ class Claims:
         return tuple(i for c in self.checkpoint.claims.values() for i in c.by_resource().get(resource, ()))
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Each claim prepared (or as prepared before), or the one-line reason it is not."""
+        """Each claim prepared (or as prepared before), or the one-line reason it is not.
+
+        The claims are read from the API server at once, outside the lock, so one slow read does
+        not hold the others; then they are prepared one at a time (the checkpoint changes in order).
+        """
+        new = [ref for ref in claims if ref[1] not in self.checkpoint.claims]
+        reads = await asyncio.gather(
+            *(read_claim(self._cluster, self._driver, *ref) for ref in new), return_exceptions=True
+        )
+        allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
         answers: dict[str, PreparedClaim | str] = {}
-        async with self._lock:  # one claim at a time: the checkpoint and holds change in order
+        async with self._lock:
             for namespace, uid, name in claims:
                 try:
                     answers[uid] = self.checkpoint.claims.get(uid) or await self._prepare(
-                        namespace, uid, name
+                        namespace, uid, name, allocations[uid]
                     )
                 except _ClaimRefused as exc:
                     self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
@@ -98,56 +107,22 @@ class Claims:
                     errors[uid] = str(exc)
         return errors
 
-    async def _prepare(self, namespace: str, uid: str, name: str) -> PreparedClaim:
-        try:
-            allocation = await self._cluster.claim(namespace, name)
-        except ClusterError as exc:
-            raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
-        if allocation.uid != uid:
-            raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has UID {allocation.uid}, not {uid}")
-        mine = [d for d in allocation.devices if d.driver == self._driver]
-        if not mine:
-            raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {self._driver}")
-        by_pool = {a.pool: a for a in self._resources.values()}
-        picked: dict[str, list[tuple[str, str, str]]] = {}  # resource -> (request, DRA name, device ID)
-        for device in mine:
-            attached = by_pool.get(device.pool)
-            if attached is None:
-                raise _ClaimRefused(f"pool {device.pool!r} is not served by this host")
-            by_name = {names.device_name(d.id): d.id for d in attached.server.table.devices}
-            if device.device not in by_name:
-                raise _ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
-            picked.setdefault(attached.server.name, []).append(
-                (device.request, device.device, by_name[device.device])
-            )
-        devices: list[PreparedDevice] = []
-        spec_devices: list[cdi.Device] = []
+    async def _prepare(
+        self, namespace: str, uid: str, name: str, read: tuple[AllocatedDevice, ...] | BaseException
+    ) -> PreparedClaim:
+        if isinstance(read, BaseException):
+            if isinstance(read, _ClaimRefused):
+                raise read
+            raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
         kind = names.cdi_kind(self._driver, uid)
-        for resource, chosen in picked.items():
-            server = self._resources[resource].server
-            ids = tuple(device_id for _, _, device_id in chosen)
-            taken = self._device_plugin_holds(resource) & set(ids)
-            if taken:
-                raise _ClaimRefused(f"{resource}: {sorted(taken)} allocated through the device plugin")
-            try:
-                given = await server.backend.allocate(resource, ids)
-            except HookError as exc:
-                raise _ClaimRefused(str(exc)) from None
-            cdi_ids = list(given.cdi_devices)
-            edits = cdi.edits_from_allocation(given)
-            if edits.to_dict():
-                device_name = names.device_name(resource.partition("/")[2])
-                spec_devices.append(cdi.Device(name=device_name, edits=edits))
-                cdi_ids.append(f"{kind}={device_name}")
-            for n, (request, dra_name, device_id) in enumerate(chosen):
-                pool = self._resources[resource].pool
-                handed = tuple(cdi_ids) if n == 0 else ()  # the claim's edits once, on its first device
-                devices.append(PreparedDevice(request, pool, dra_name, resource, device_id, handed))
-            _unused(given)
+        devices, spec_devices = await self._allocate(
+            kind, pick(read, self._resources, self._device_plugin_holds)
+        )
         if spec_devices:
             try:
                 cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices))
             except (OSError, ValueError) as exc:
+                await self._release(by_resource(devices), "its CDI spec could not be written")
                 raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
         claim = PreparedClaim(uid, namespace, name, tuple(devices))
         self.checkpoint.add(claim)
@@ -158,6 +133,43 @@ class Claims:
             "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
         )
         return claim
+
+    async def _allocate(
+        self, kind: str, picked: Mapping[tuple[str, str], list[tuple[str, str]]]
+    ) -> tuple[list[PreparedDevice], list[cdi.Device]]:
+        """One allocate call per resource and request; what is allocated is released again if a
+        later call fails. Each request's first device carries the CDI IDs its containers get."""
+        devices: list[PreparedDevice] = []
+        spec_devices: list[cdi.Device] = []
+        for (resource, request), chosen in picked.items():
+            attached = self._resources[resource]
+            ids = tuple(device_id for _, device_id in chosen)
+            try:
+                given = await attached.server.backend.allocate(resource, ids)
+            except HookError as exc:
+                await self._release(by_resource(devices), "a later allocation of the claim failed")
+                raise _ClaimRefused(str(exc)) from None
+            _unused(given)
+            cdi_ids = list(given.cdi_devices)
+            edits = cdi.edits_from_allocation(given)
+            if edits.to_dict():
+                cdi_name = f"{request}.{names.device_name(resource.partition('/')[2])}"
+                spec_devices.append(cdi.Device(name=cdi_name, edits=edits))
+                cdi_ids.append(f"{kind}={cdi_name}")
+            for n, (dra_name, device_id) in enumerate(chosen):
+                handed = tuple(cdi_ids) if n == 0 else ()
+                devices.append(PreparedDevice(request, attached.pool, dra_name, resource, device_id, handed))
+        return devices, spec_devices
+
+    async def _release(self, by_resource: Mapping[str, tuple[str, ...]], why: str) -> None:
+        """Give back what a failed prepare had allocated (failures logged: the claim fails anyway)."""
+        for resource, ids in by_resource.items():
+            try:
+                await self._resources[resource].server.backend.release(resource, ids)
+            except HookError as exc:
+                self.log.error("release after a failed prepare failed", resource=resource, error=str(exc))
+        if by_resource:
+            self.log.warning("allocated devices released again", why=why, devices=dict(by_resource))
 
     async def _unprepare(self, uid: str) -> None:
         claim = self.checkpoint.claims.get(uid)
@@ -177,6 +189,47 @@ class Claims:
         for resource, ids in claim.by_resource().items():
             self._resources[resource].server.table.hold(ids, HOLD, False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
+
+
+async def read_claim(
+    cluster: Cluster, driver: str, namespace: str, uid: str, name: str
+) -> tuple[AllocatedDevice, ...]:
+    """The claim's devices of this driver, from the API server."""
+    try:
+        allocation = await cluster.claim(namespace, name)
+    except ClusterError as exc:
+        raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
+    if allocation.uid != uid:
+        raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has UID {allocation.uid}, not {uid}")
+    mine = tuple(d for d in allocation.devices if d.driver == driver)
+    if not mine:
+        raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {driver}")
+    return mine
+
+
+def pick(
+    allocated: Sequence[AllocatedDevice],
+    resources: Mapping[str, Attached],
+    device_plugin_holds: Callable[[str], frozenset[str]],
+) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """The allocated devices by (resource, request): (DRA name, device ID) each, checked."""
+    by_pool = {a.pool: a for a in resources.values()}
+    picked: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for device in allocated:
+        attached = by_pool.get(device.pool)
+        if attached is None:
+            raise _ClaimRefused(f"pool {device.pool!r} is not served by this host")
+        by_name = {names.device_name(d.id): d for d in attached.server.table.devices}
+        found = by_name.get(device.device)
+        if found is None:
+            raise _ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
+        if found.health is not Health.HEALTHY:  # asked again by the kubelet: it may recover
+            raise _ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
+        resource = attached.server.name
+        if found.id in device_plugin_holds(resource):
+            raise _ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
+        picked.setdefault((resource, device.request), []).append((device.device, found.id))
+    return picked
 
 
 class _ClaimRefused(Exception):

@@ -47,6 +47,9 @@ log = structlog.get_logger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 CHECKPOINT_FILE = "devicehost-claims.json"
 SERVER_STOP_GRACE = 0.5
+MAX_SLICE_DEVICES = 128
+"""resource.k8s.io/v1 refuses a ResourceSlice with more devices; pools spanning several slices
+are not published yet."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,25 @@ class DraSetup:
     socket_mode: int
     device_plugin_holds: Callable[[str], frozenset[str]] = lambda resource: frozenset()
     """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
+
+
+class Changes:
+    """A version that waiters can follow: each bump wakes them all."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._bumped = asyncio.Event()
+
+    def bump(self) -> None:
+        self.version += 1
+        self._bumped.set()
+        self._bumped = asyncio.Event()
+
+    async def wait(self, seen: int) -> int:
+        """The version once it differs from ``seen`` (at once for -1)."""
+        while self.version == seen:
+            await self._bumped.wait()
+        return self.version
 
 
 class DraDriver:
@@ -80,8 +102,8 @@ class DraDriver:
             setup.device_plugin_holds,
         )
         self.registered = False
-        self._version = 0
-        self._bumped = asyncio.Event()
+        self.changes = Changes()
+        """Bumped whenever a resource's devices change (the kubelet's health stream follows it)."""
         self.log = log.bind(driver=name)
         self._dra_socket = ServedSocket("dra", self.directory, setup.token, setup.socket_mode)
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
@@ -118,7 +140,9 @@ class DraDriver:
         api_pb2_grpc.add_DRAPluginServicer_to_server(
             DraPluginServicer(self.claims.prepare, self.claims.unprepare), dra
         )
-        health_grpc.add_DRAResourceHealthServicer_to_server(DraHealthServicer(self.health, self.changed), dra)
+        health_grpc.add_DRAResourceHealthServicer_to_server(
+            DraHealthServicer(self.health, self.changes.wait), dra
+        )
         await self._start_server(dra, self._dra_socket)
         registration = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         registration_grpc.add_RegistrationServicer_to_server(
@@ -165,7 +189,7 @@ class DraDriver:
         if attached is not None:
             attached.follow.cancel()
             self.publisher.drop(attached.slice)
-            self._bump()
+            self.changes.bump()
 
     async def _follow(self, server: ResourceServer, pool: str, slice_name: str) -> None:
         """Publish the resource's devices now and after every change of its table."""
@@ -173,10 +197,17 @@ class DraDriver:
         while True:
             if server.table.version != seen:
                 seen = server.table.version
-                self.publisher.want(
-                    slice_name, slice_spec(self._setup.node, self.name, pool, 0, server.table.devices)
-                )
-                self._bump()
+                spec = slice_spec(self._setup.node, self.name, pool, 0, server.table.devices)
+                if len(spec["devices"]) > MAX_SLICE_DEVICES:  # said once per change, not published
+                    server.log.error(
+                        "not published through DRA: more healthy devices than one ResourceSlice holds",
+                        devices=len(spec["devices"]),
+                        limit=MAX_SLICE_DEVICES,
+                    )
+                    self.publisher.drop(slice_name)
+                else:
+                    self.publisher.want(slice_name, spec)
+                self.changes.bump()
             await server.table.wait_for_change(seen)
 
     def health(self) -> list[DeviceHealth]:
@@ -186,17 +217,6 @@ class DraDriver:
             for attached in self.resources.values()
             for d in attached.server.table.devices
         ]
-
-    async def changed(self, seen: int) -> int:
-        """The devices' version once it differs from ``seen`` (at once for -1)."""
-        while self._version == seen:
-            await self._bumped.wait()
-        return self._version
-
-    def _bump(self) -> None:
-        self._version += 1
-        self._bumped.set()
-        self._bumped = asyncio.Event()
 
     async def _start_server(self, server: grpc.aio.Server, socket: ServedSocket) -> None:
         self._servers.append(server)  # stopped on failure too: an unstopped server warns at exit

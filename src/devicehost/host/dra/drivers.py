@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
@@ -46,6 +47,7 @@ class DraDrivers:
         self._holds = device_plugin_holds
         self.drivers: dict[str, DraDriver] = {}
         self._by_resource: dict[str, DraDriver] = {}
+        self._starting = asyncio.Lock()
 
     def api(self, backend: str, resource: str) -> Api:
         """``serve_through`` of the resource, else of its backend, else ``device-plugin``."""
@@ -56,15 +58,16 @@ class DraDrivers:
         """Serve ``server``'s resource through DRA too; a driver that cannot start is logged, and
         the resource keeps what else it is served through."""
         name = names.driver_name(server.name, self._config.dra_drivers)
-        driver = self.drivers.get(name)
-        if driver is None:
-            driver = DraDriver(name, self._setup())
-            try:
-                await driver.start()
-            except Exception as exc:
-                server.log.error("not served through DRA", driver=name, error=str(exc))
-                return
-            self.drivers[name] = driver
+        async with self._starting:  # resources start together: one driver per name, started once
+            driver = self.drivers.get(name)
+            if driver is None:
+                driver = DraDriver(name, self._setup())
+                try:
+                    await driver.start()
+                except Exception as exc:
+                    server.log.error("not served through DRA", driver=name, error=str(exc))
+                    return
+                self.drivers[name] = driver
         driver.attach(server)
         self._by_resource[server.name] = driver
 

@@ -1,0 +1,161 @@
+"""Claims the host must refuse or undo, and devices it must not publish, through DRA."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostfakes import captured_logs
+
+import devicehost
+from devicehost import ContainerAllocation, Device, Health, Resource
+from devicehost.hookspecs import rules
+from devicehost.host.daemon import Host
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
+from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
+from devicehost.testing.host import running_host
+
+DRIVER = "example.org"
+
+
+class TwoPools:
+    """example.org/a and example.org/b; allocating b fails while ``fail_b``."""
+
+    def __init__(self, count: int = 2) -> None:
+        self.count = count
+        self.fail_b = False
+        self.health: dict[str, Health] = {}
+        self.released: list[tuple[str, tuple[str, ...]]] = []
+        self.allocated: list[tuple[str, tuple[str, ...]]] = []
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[Resource]:
+        return [
+            Resource(
+                f"example.org/{r}",
+                tuple(
+                    Device(f"{r}{n}", self.health.get(f"{r}{n}", Health.HEALTHY)) for n in range(self.count)
+                ),
+            )
+            for r in "ab"
+        ]
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self, resource: str, device_ids: tuple[str, ...]) -> ContainerAllocation:
+        if resource.endswith("/b") and self.fail_b:
+            raise RuntimeError("b is broken")
+        self.allocated.append((resource, device_ids))
+        return ContainerAllocation(envs={"IDS": ",".join(device_ids)})
+
+    @devicehost.hookimpl
+    def devicehost_release(self, resource: str, device_ids: tuple[str, ...]) -> None:
+        self.released.append((resource, device_ids))
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="drc-", dir="/tmp") as tmp:
+        (Path(tmp) / "registry").mkdir()
+        yield Path(tmp)
+
+
+@asynccontextmanager
+async def host_of(
+    root: Path, backend: object, cluster: ClusterStandIn, **settings: Any
+) -> AsyncIterator[Host]:
+    (root / "dp").mkdir(exist_ok=True)
+    async with running_host(
+        root / "dp",
+        {"two": backend},
+        cluster=cluster,
+        serve_through={"two": "dra"},
+        node_name="n",
+        dra_plugins_dir=root / "plugins",
+        plugins_registry_dir=root / "registry",
+        cdi_dir=root / "cdi",
+        device_release=False,
+        rediscover_interval=0.05,
+        **settings,
+    ) as host:
+        yield host
+
+
+async def endpoint(root: Path, cluster: ClusterStandIn, slices: int = 2) -> str:
+    await cluster.wait(lambda c: len(c.stored) == slices)
+    (socket,) = (root / "registry").glob("devicehost-example.org-*.sock")
+    return (await registered_endpoint(socket)).endpoint
+
+
+def claim(cluster: ClusterStandIn, *devices: tuple[str, str, str]) -> tuple[str, str, str]:
+    """A claim of (request, pool, device) devices of example.org, as the scheduler would write it."""
+    uid = f"uid-{len(cluster.claims)}"
+    allocated = tuple(AllocatedDevice(r, DRIVER, pool, d) for r, pool, d in devices)
+    cluster.claims[("default", uid)] = ClaimAllocation(uid, allocated)
+    return "default", uid, uid
+
+
+async def test_a_claim_whose_second_allocation_fails_gives_back_the_first(root: Path) -> None:
+    backend, cluster = TwoPools(), ClusterStandIn()
+    async with host_of(root, backend, cluster):
+        where = await endpoint(root, cluster)
+        backend.fail_b = True
+        ref = claim(cluster, ("x", "n/a", "a0"), ("y", "n/b", "b0"))
+        answer = (await prepare(where, [ref])).claims[ref[1]]
+        assert "b is broken" in answer.error
+        assert backend.released == [("example.org/a", ("a0",))]  # a0 was allocated, then given back
+        assert not list((root / "cdi").glob("*"))
+
+
+async def test_each_request_of_a_claim_carries_its_own_cdi_device(root: Path) -> None:
+    backend, cluster = TwoPools(), ClusterStandIn()
+    async with host_of(root, backend, cluster):
+        where = await endpoint(root, cluster)
+        ref = claim(cluster, ("x", "n/a", "a0"), ("y", "n/a", "a1"))
+        answer = (await prepare(where, [ref])).claims[ref[1]]
+        kind = f"{DRIVER}/claim-{ref[1]}"
+        assert [(list(d.request_names), list(d.cdi_device_ids)) for d in answer.devices] == [
+            (["x"], [f"{kind}=x.a"]),
+            (["y"], [f"{kind}=y.a"]),
+        ]
+        assert backend.allocated == [("example.org/a", ("a0",)), ("example.org/a", ("a1",))]
+        assert (await unprepare(where, [ref])).claims[ref[1]].error == ""
+        assert backend.released == [("example.org/a", ("a0", "a1"))]
+
+
+async def test_an_unhealthy_device_is_not_prepared_until_it_recovers(root: Path) -> None:
+    backend, cluster = TwoPools(), ClusterStandIn()
+    async with host_of(root, backend, cluster):
+        where = await endpoint(root, cluster)
+        backend.health["a1"] = Health.UNHEALTHY
+        await cluster.wait(lambda c: len(c.stored["n-example.org-a"]["spec"]["devices"]) == 1)
+        ref = claim(cluster, ("x", "n/a", "a1"))  # allocated before it turned unhealthy
+        assert "is unhealthy" in (await prepare(where, [ref])).claims[ref[1]].error
+        backend.health.clear()
+        await cluster.wait(lambda c: len(c.stored["n-example.org-a"]["spec"]["devices"]) == 2)
+        assert (await prepare(where, [ref])).claims[ref[1]].error == ""  # the kubelet asks again
+
+
+async def test_more_devices_than_a_slice_holds_are_not_published(root: Path) -> None:
+    backend, cluster = TwoPools(count=129), ClusterStandIn()
+
+    def refused(logs: list[Any]) -> list[Any]:
+        return [e for e in logs if e["event"].startswith("not published through DRA")]
+
+    with captured_logs() as logs:
+        async with host_of(root, backend, cluster):
+            async with asyncio.timeout(5):
+                while len(refused(logs)) < 2:
+                    await asyncio.sleep(0.01)
+            assert cluster.stored == {}
+    assert {e["resource"] for e in refused(logs)} == {"example.org/a", "example.org/b"}
+    assert refused(logs)[0]["limit"] == 128
+
+
+def test_backend_attributes_may_not_reuse_the_hosts_names() -> None:
+    assert "host's own" in (rules.device_problem(Device("d", attributes={"id": "x"})) or "")
+    assert rules.device_problem(Device("d", attributes={"model": "x"})) is None
