@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -66,21 +68,33 @@ DeviceHealth = tuple[str, str, bool]
 """(pool, device name, healthy)."""
 
 
+HEALTH_REFRESH = 10.0
+"""Seconds between health lists sent without a change: the kubelet reads a device's health as
+Unknown once it is 30 s old (its default health timeout)."""
+
+
 class DraHealthServicer(health_grpc.DRAResourceHealthServicer):
-    """Streams every device's health to the kubelet: the whole list now, and after each change."""
+    """Streams every device's health to the kubelet: the whole list now, after each change, and
+    every ``refresh`` seconds anyway."""
 
     def __init__(
-        self, devices: Callable[[], list[DeviceHealth]], changed: Callable[[int], Awaitable[int]]
+        self,
+        devices: Callable[[], list[DeviceHealth]],
+        changed: Callable[[int], Awaitable[int]],
+        refresh: float = HEALTH_REFRESH,
     ) -> None:
         self._devices = devices
         self._changed = changed
+        self._refresh = refresh
 
     async def NodeWatchResources(
         self, request: health_pb2.NodeWatchResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[health_pb2.NodeWatchResourcesResponse]:
         seen = -1
         while True:
-            seen = await self._changed(seen)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if seen == -1 else self._refresh):
+                    seen = await self._changed(seen)
             now = int(time.time())
             yield health_pb2.NodeWatchResourcesResponse(
                 devices=[
