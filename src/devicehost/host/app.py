@@ -29,7 +29,6 @@ from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.config import HostConfig
 from devicehost.host.config_watch import watch_config_file
 from devicehost.host.daemon import Host
-from devicehost.host.dra.cluster import Cluster
 from devicehost.host.kubelet.client import KubeletClient
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
 from devicehost.host.logs import drain_native_stderr
@@ -38,6 +37,7 @@ from devicehost.host.sockets import remove_stale, take_early_listener
 from devicehost.host.state import STARTING, HostState
 
 if TYPE_CHECKING:
+    from devicehost.host.dra.cluster import Cluster
     from devicehost.host.ops.metrics import HostMetrics
 
 log = structlog.get_logger(__name__)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -23,13 +24,15 @@ from devicehost.host.backends.backend import Backend, HookError
 from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.backends.loader import installed_backend_names
 from devicehost.host.config import ConfigError, HostConfig
-from devicehost.host.dra.cluster import Cluster
 from devicehost.host.dra.drivers import DraDrivers
 from devicehost.host.release import device_plugin_holds, tracker_for, with_holders
 from devicehost.host.serving.registration import Registration
 from devicehost.host.serving.resource import ResourceServer, Serving
 from devicehost.host.sockets import new_token
 from devicehost.host.state import HostState, KubeletState
+
+if TYPE_CHECKING:
+    from devicehost.host.dra.cluster import Cluster
 
 log = structlog.get_logger(__name__)
 

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Literal
 
 from devicehost.host.config import HostConfig
 from devicehost.host.dra import names
-from devicehost.host.dra.cluster import Cluster
-from devicehost.host.dra.driver import DraDriver, DraSetup
 from devicehost.host.state import DraState, ResourceState
 
 if TYPE_CHECKING:
+    from devicehost.host.dra.cluster import Cluster
+    from devicehost.host.dra.driver import DraDriver, DraSetup
     from devicehost.host.serving.resource import ResourceServer
 
 Api = Literal["device-plugin", "dra", "both"]
@@ -29,7 +29,8 @@ def kube_cluster(config: HostConfig) -> Cluster:
 class DraDrivers:
     """The drivers of one host start, each started as its first resource is attached.
 
-    With no resource served through DRA it stays empty: no socket, no API server client.
+    With no resource served through DRA it stays empty: no socket, no API server client, and
+    the DRA modules (their protos, servicers and client) are never imported.
     """
 
     def __init__(
@@ -61,6 +62,8 @@ class DraDrivers:
         async with self._starting:  # resources start together: one driver per name, started once
             driver = self.drivers.get(name)
             if driver is None:
+                from devicehost.host.dra.driver import DraDriver
+
                 driver = DraDriver(name, self._setup())
                 try:
                     await driver.start()
@@ -100,6 +103,8 @@ class DraDrivers:
             await self._cluster.close()
 
     def _setup(self) -> DraSetup:
+        from devicehost.host.dra.driver import DraSetup
+
         if self._cluster is None:
             self._cluster = self._make_cluster()
         config = self._config
