@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,6 +32,7 @@ class TwoPools:
         self.fail_b = False
         self.health: dict[str, Health] = {}
         self.released: list[tuple[str, tuple[str, ...]]] = []
+        self.release_takes = 0.0
         self.allocated: list[tuple[str, tuple[str, ...]]] = []
 
     @devicehost.hookimpl
@@ -54,6 +56,7 @@ class TwoPools:
 
     @devicehost.hookimpl
     def devicehost_release(self, resource: str, device_ids: tuple[str, ...]) -> None:
+        time.sleep(self.release_takes)
         self.released.append((resource, device_ids))
 
 
@@ -125,6 +128,21 @@ async def test_each_request_of_a_claim_carries_its_own_cdi_device(root: Path) ->
         assert backend.allocated == [("example.org/a", ("a0",)), ("example.org/a", ("a1",))]
         assert (await unprepare(where, [ref])).claims[ref[1]].error == ""
         assert backend.released == [("example.org/a", ("a0", "a1"))]
+
+
+async def test_a_claim_unprepared_while_asked_to_prepare_is_prepared_again(root: Path) -> None:
+    backend, cluster = TwoPools(), ClusterStandIn()
+    async with host_of(root, backend, cluster):
+        where = await endpoint(root, cluster)
+        ref = claim(cluster, ("x", "n/a", "a0"))
+        assert (await prepare(where, [ref])).claims[ref[1]].error == ""
+        backend.release_takes = 0.3
+        unprepared = asyncio.create_task(unprepare(where, [ref]))
+        await asyncio.sleep(0.1)  # the unprepare holds the claims now; the prepare finds it prepared
+        again = (await prepare(where, [ref])).claims[ref[1]]
+        assert (await unprepared).claims[ref[1]].error == ""
+        assert again.error == ""  # read again once the unprepare was through, and prepared anew
+        assert backend.allocated == [("example.org/a", ("a0",)), ("example.org/a", ("a0",))]
 
 
 async def test_an_unhealthy_device_is_not_prepared_until_it_recovers(root: Path) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ContainerAllocation, Health
+from devicehost.hookspecs.types import ContainerAllocation, Device, Health
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
@@ -84,9 +84,13 @@ class Claims:
         async with self._lock:
             for namespace, uid, name in claims:
                 try:
-                    answers[uid] = self.checkpoint.claims.get(uid) or await self._prepare(
-                        namespace, uid, name, allocations[uid]
-                    )
+                    prepared = self.checkpoint.claims.get(uid)
+                    if prepared is None:
+                        read = allocations.get(uid)
+                        if read is None:  # prepared when the reads began, unprepared since
+                            read = await read_claim(self._cluster, self._driver, namespace, uid, name)
+                        prepared = await self._prepare(namespace, uid, name, read)
+                    answers[uid] = prepared
                 except _ClaimRefused as exc:
                     self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
                     answers[uid] = str(exc)
@@ -149,7 +153,7 @@ class Claims:
             except HookError as exc:
                 await self._release(by_resource(devices), "a later allocation of the claim failed")
                 raise _ClaimRefused(str(exc)) from None
-            _unused(given)
+            _say_annotations_dropped(given)
             cdi_ids = list(given.cdi_devices)
             edits = cdi.edits_from_allocation(given)
             if edits.to_dict():
@@ -214,13 +218,15 @@ def pick(
 ) -> dict[tuple[str, str], list[tuple[str, str]]]:
     """The allocated devices by (resource, request): (DRA name, device ID) each, checked."""
     by_pool = {a.pool: a for a in resources.values()}
+    named: dict[str, dict[str, Device]] = {}  # pool -> DRA device name -> device, built once a pool
     picked: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for device in allocated:
         attached = by_pool.get(device.pool)
         if attached is None:
             raise _ClaimRefused(f"pool {device.pool!r} is not served by this host")
-        by_name = {names.device_name(d.id): d for d in attached.server.table.devices}
-        found = by_name.get(device.device)
+        if device.pool not in named:
+            named[device.pool] = {names.device_name(d.id): d for d in attached.server.table.devices}
+        found = named[device.pool].get(device.device)
         if found is None:
             raise _ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
         if found.health is not Health.HEALTHY:  # asked again by the kubelet: it may recover
@@ -236,7 +242,7 @@ class _ClaimRefused(Exception):
     """A claim cannot be prepared or unprepared; the message is the claim's error."""
 
 
-def _unused(allocation: ContainerAllocation) -> None:
+def _say_annotations_dropped(allocation: ContainerAllocation) -> None:
     """Annotations have no CDI edit and no place in the DRA answer: they are not passed on."""
     if allocation.annotations:
         log.debug(

@@ -62,7 +62,7 @@ class DraSetup:
     registry_dir: Path
     token: str
     socket_mode: int
-    device_plugin_holds: Callable[[str], frozenset[str]] = lambda resource: frozenset()
+    device_plugin_holds: Callable[[str], frozenset[str]]
     """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
 
 
@@ -197,7 +197,7 @@ class DraDriver:
         while True:
             if server.table.version != seen:
                 seen = server.table.version
-                spec = slice_spec(self._setup.node, self.name, pool, 0, server.table.devices)
+                spec = slice_spec(self._setup.node, self.name, pool, server.table.devices)
                 if len(spec["devices"]) > MAX_SLICE_DEVICES:  # said once per change, not published
                     server.log.error(
                         "not published through DRA: more healthy devices than one ResourceSlice holds",

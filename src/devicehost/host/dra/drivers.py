@@ -39,7 +39,7 @@ class DraDrivers:
         token: str,
         *,
         cluster: Callable[[], Cluster] | None = None,
-        device_plugin_holds: Callable[[str], frozenset[str]] = lambda resource: frozenset(),
+        device_plugin_holds: Callable[[str], frozenset[str]],
     ) -> None:
         self._config = config
         self._token = token
@@ -85,7 +85,7 @@ class DraDrivers:
         driver = self._by_resource.get(state.name)
         if driver is None:
             return state
-        only = state.socket == ""
+        only = self.api(state.backend, state.name) == "dra"
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
         dra = DraState(driver.name, only, driver.registered, slice_name, prepared)

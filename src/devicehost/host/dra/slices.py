@@ -32,14 +32,13 @@ def device_entry(device: Device) -> dict[str, Any]:
     return entry
 
 
-def slice_spec(
-    node: str, driver: str, pool: str, generation: int, devices: Iterable[Device]
-) -> dict[str, Any]:
-    """The ``spec`` of the one slice of ``pool``: its healthy devices, in the order given."""
+def slice_spec(node: str, driver: str, pool: str, devices: Iterable[Device]) -> dict[str, Any]:
+    """The ``spec`` of the one slice of ``pool``: its healthy devices, in the order given (the
+    pool's generation is the publisher's to set)."""
     return {
         "driver": driver,
         "nodeName": node,
-        "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
+        "pool": {"name": pool, "resourceSliceCount": 1},
         "devices": [device_entry(d) for d in devices if d.health is Health.HEALTHY],
     }
 
