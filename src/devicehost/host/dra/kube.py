@@ -9,7 +9,8 @@ is served through DRA, so the device plugin path pays nothing for it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -103,19 +104,14 @@ class _NotFound(ClusterError):
     pass
 
 
-class _errors:
+@contextlib.contextmanager
+def _errors(doing: str) -> Iterator[None]:
     """Turn the client's errors into one-line :class:`ClusterError`s naming what was done."""
-
-    def __init__(self, doing: str) -> None:
-        self._doing = doing
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, ApiError):
-            status = exc.status
-            error = _NotFound if status.code == NOT_FOUND else ClusterError
-            raise error(f"{self._doing}: {status.code} {status.reason}: {status.message}") from None
-        if isinstance(exc, (httpx2.HTTPError, OSError)):
-            raise ClusterError(f"{self._doing}: {type(exc).__name__}: {exc}") from None
+    try:
+        yield
+    except ApiError as exc:
+        status = exc.status
+        error = _NotFound if status.code == NOT_FOUND else ClusterError
+        raise error(f"{doing}: {status.code} {status.reason}: {status.message}") from None
+    except (httpx2.HTTPError, OSError) as exc:
+        raise ClusterError(f"{doing}: {type(exc).__name__}: {exc}") from None
