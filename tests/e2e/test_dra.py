@@ -130,15 +130,9 @@ def test_the_widgets_appear_as_a_resource_slice(kit: Kit, host: DraHost) -> None
 
 def test_a_pod_with_a_claim_runs_on_a_prepared_widget(kit: Kit, host: DraHost) -> None:
     started = time.monotonic()
-    for manifest in claim_pod("widget-user"):
-        kit.apply(manifest)
-
-    def running() -> bool:
-        pod = kit.get("pod", "widget-user")
-        assert pod["status"]["phase"] != "Failed", pod["status"]
-        return bool(pod["status"]["phase"] == "Running")
-
-    until(running, "pod widget-user running", within=120)
+    template, pod = claim_pod("widget-user")
+    kit.apply(template)
+    kit.run_pod(pod, within=120)
     kit.timings["DRA: pod created -> running"] = round(time.monotonic() - started, 2)
     (prepared,) = host.events("claim prepared")
     claim = kit.get("resourceclaims", "-n", "default")["items"][0]

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from k8skit import DEVICE_PLUGINS_DIR, Kit, until
+from k8skit import DEVICE_PLUGINS_DIR, Kit, pod_manifest, until
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_KUBECONFIG = "/var/lib/k8s-kit/pki/admin.kubeconfig"
@@ -108,32 +108,13 @@ def host(gated: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]
 
 
 def pod(name: str, **spec: Any) -> dict[str, Any]:
-    container = {"name": "app", "image": "localhost/envsleep:v1", "imagePullPolicy": "Never"}
-    container.update(spec.pop("container", {}))
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": LABEL},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [container],
-            **spec,
-        },
-    }
-
-
-def running(kit: Kit, name: str) -> bool:
-    status = kit.get("pod", name)["status"]
-    assert status["phase"] != "Failed", status
-    return bool(status["phase"] == "Running")
+    return pod_manifest(name, "localhost/envsleep:v1", LABEL, **spec)
 
 
 def test_a_pod_asking_for_the_extended_resource_gets_a_widget_through_dra(gated: Kit, host: Host) -> None:
     kit = gated
     started = time.monotonic()
-    kit.apply(pod("extended", container={"resources": {"limits": {"example.com/widget": 1}}}))
-    until(lambda: running(kit, "extended"), "pod extended running", within=120)
+    kit.run_pod(pod("extended", container={"resources": {"limits": {"example.com/widget": 1}}}), within=120)
     kit.timings["DRA extended resource: pod created -> running"] = round(time.monotonic() - started, 2)
     (prepared,) = [e for e in host.events("claim prepared") if e["driver"] == "example.com"]
     claims = kit.get("resourceclaims", "-n", "default")["items"]
@@ -162,14 +143,14 @@ def test_an_unhealthy_device_shows_in_the_pod_status(gated: Kit, host: Host) -> 
         },
     }
     kit.apply(template)
-    kit.apply(
+    kit.run_pod(
         pod(
             "gizmo-user",
             resourceClaims=[{"name": "gizmo", "resourceClaimTemplateName": "one-gizmo"}],
             container={"resources": {"claims": [{"name": "gizmo"}]}},
-        )
+        ),
+        within=120,
     )
-    until(lambda: running(kit, "gizmo-user"), "pod gizmo-user running", within=120)
     (prepared,) = [e for e in host.events("claim prepared") if e["driver"] == "gizmos.example.org"]
     gizmo = prepared["devices"][0]
 

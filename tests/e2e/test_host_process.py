@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from k8skit import DEVICE_PLUGINS_DIR, Kit, until
+from k8skit import DEVICE_PLUGINS_DIR, Kit, pod_manifest
 
 WIDGET = "example.com/widget"
 GIZMO = "gizmos.example.org/gizmo"
@@ -77,42 +77,9 @@ def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostPro
 
 def consumer_pod(name: str, image: str, resource: str) -> dict[str, Any]:
     """A pod that asks for one device of ``resource`` and sleeps (the kit's Python base has a shell)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": LABEL},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "consumer",
-                    "image": image,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"limits": {resource: 1}},
-                }
-            ],
-        },
-    }
-
-
-def run_pod(kit: Kit, manifest: dict[str, Any]) -> str:
-    """Create the pod and wait until it runs; its name."""
-    kit.apply(manifest)
-    name: str = manifest["metadata"]["name"]
-
-    def running() -> bool:
-        pod = kit.get("pod", name)
-        waiting = [s["state"].get("waiting", {}) for s in pod["status"].get("containerStatuses", [])]
-        assert pod["status"]["phase"] != "Failed", f"{name} failed: {pod['status']}"
-        assert not [w for w in waiting if w.get("reason") in {"ErrImageNeverPull", "CreateContainerError"}], (
-            waiting
-        )
-        return bool(pod["status"]["phase"] == "Running")
-
-    until(running, f"pod {name} running", within=90)
-    return name
+    return pod_manifest(
+        name, image, LABEL, container={"command": ["sleep", "3600"], "resources": {"limits": {resource: 1}}}
+    )
 
 
 def in_pod(kit: Kit, pod: str, script: str) -> str:
@@ -131,7 +98,7 @@ def test_pod_sees_the_env_mount_and_device_node_the_backend_answered(
     kit: Kit, host: HostProcess, python_base: str
 ) -> None:
     started = time.monotonic()
-    pod = run_pod(kit, consumer_pod("widget-one", python_base, WIDGET))
+    pod = kit.run_pod(consumer_pod("widget-one", python_base, WIDGET))
     kit.timings["widget pod created -> running"] = round(time.monotonic() - started, 1)
     widget = in_pod(kit, pod, 'printf %s "$EXAMPLE_WIDGETS"')
     assert widget in {f"widget-{n}" for n in range(4)}, f"EXAMPLE_WIDGETS={widget!r}"
@@ -157,7 +124,7 @@ def test_pod_is_admitted_after_a_kubelet_restart(kit: Kit, host: HostProcess, py
     kit.wait_resource(WIDGET, 4, 4)
     kit.wait_resource(GIZMO, 2, 2)
     kit.timings["kubelet back -> node allocatable again"] = round(time.monotonic() - started, 1)
-    pod = run_pod(kit, consumer_pod("widget-two", python_base, WIDGET))
+    pod = kit.run_pod(consumer_pod("widget-two", python_base, WIDGET))
     second = in_pod(kit, pod, 'printf %s "$EXAMPLE_WIDGETS"')
     assert second.startswith("widget-")
     assert second != first, "the kubelet's checkpoint keeps the first pod's widget taken"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from k8skit import Kit, until
+from k8skit import Kit, pod_manifest, until
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -58,27 +58,9 @@ def rolled_out(kit: Kit, what: str) -> dict[str, Any]:
 
 def consumer(kit: Kit, name: str, image: str, resource: str, env: str) -> str:
     """Run a pod asking for one device of ``resource``; the value of ``env`` inside it."""
-    kit.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "labels": {"devicehost-e2e": "image"}},
-            "spec": {
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "consumer",
-                        "image": image,
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "3600"],
-                        "resources": {"limits": {resource: 1}},
-                    }
-                ],
-            },
-        }
-    )
-    until(lambda: kit.get("pod", name)["status"]["phase"] == "Running", f"pod {name} running", within=90)
+    labels = {"devicehost-e2e": "image"}
+    limits = {"command": ["sleep", "3600"], "resources": {"limits": {resource: 1}}}
+    kit.run_pod(pod_manifest(name, image, labels, container=limits))
     return kit.kubectl("exec", name, "--", "sh", "-c", f'printf %s "${env}"')
 
 

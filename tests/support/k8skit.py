@@ -51,6 +51,31 @@ def until(check: Callable[[], T | None], what: str, within: float = 60.0, every:
         time.sleep(every)
 
 
+def pod_manifest(
+    name: str,
+    image: str,
+    labels: Mapping[str, str],
+    *,
+    container: Mapping[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A test pod in ``default``: one container of a local ``image`` (never pulled), no restarts,
+    1 s to terminate; ``container`` adds to the container, ``spec`` to the pod spec."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": dict(labels)},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "consumer", "image": image, "imagePullPolicy": "Never", **(container or {})}
+            ],
+            **spec,
+        },
+    }
+
+
 def _alive(pid: int) -> bool:
     """``pid`` runs (an exited child of this process is reaped here, not counted as running)."""
     with contextlib.suppress(ChildProcessError):  # not our child: its parent reaps it
@@ -198,6 +223,23 @@ class Kit:
         os.kill(pid, signal.SIGTERM)
         until(lambda: not Path(f"/proc/{pid}").exists(), f"kubelet {pid} to exit", within=30, every=0.2)
         self.timed("kubelet restart (up.sh)", self.root / "up.sh", timeout=180)
+
+    def run_pod(self, manifest: Mapping[str, Any], within: float = 90) -> str:
+        """Create the pod and wait until it runs; its name. A pod that fails, or whose image or
+        container cannot be had, fails at once with its status."""
+        self.apply(manifest)
+        name: str = manifest["metadata"]["name"]
+
+        def running() -> bool:
+            pod = self.get("pod", name)
+            waiting = [s["state"].get("waiting", {}) for s in pod["status"].get("containerStatuses", [])]
+            assert pod["status"]["phase"] != "Failed", f"{name} failed: {pod['status']}"
+            stuck = [w for w in waiting if w.get("reason") in {"ErrImageNeverPull", "CreateContainerError"}]
+            assert not stuck, stuck
+            return bool(pod["status"]["phase"] == "Running")
+
+        until(running, f"pod {name} running", within=within)
+        return name
 
     def images(self) -> set[str]:
         out = self.run(
