@@ -37,6 +37,8 @@ class FakeRunHost:
         self.seen = {
             "dir": directory,
             "files": sorted(p.name for p in directory.iterdir()),
+            "pod_resources": config.pod_resources_socket,
+            "pod_resources_served": config.pod_resources_socket.is_socket(),
             "reloaded": reload_config(),
             "failed_backends": failed_backends,
             "config_file": config_file,
@@ -61,7 +63,12 @@ async def test_the_host_serves_into_the_stand_in_dir(monkeypatch: pytest.MonkeyP
     assert directory.parent.name.startswith("devicehost-sim-")
     assert directory.name == "device-plugins"
     assert "kubelet.sock" in fake.seen["files"]  # the stand-in serves before the host starts
-    assert fake.seen["reloaded"] == reloaded_from_file.model_copy(update={"device_plugins_dir": directory})
+    # the stand-in's pod-resources socket, served beside its dir: never the machine's own kubelet's
+    assert fake.seen["pod_resources"] == directory.parent / "pod-resources" / "kubelet.sock"
+    assert fake.seen["pod_resources_served"]
+    assert fake.seen["reloaded"] == reloaded_from_file.model_copy(
+        update={"device_plugins_dir": directory, "pod_resources_socket": fake.seen["pod_resources"]}
+    )
     assert fake.seen["failed_backends"] == {"x": "broken"}
     assert fake.seen["config_file"] == tmp_path / "c.yaml"
     assert not directory.parent.exists()  # the temp dir is gone

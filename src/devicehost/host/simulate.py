@@ -51,7 +51,7 @@ async def run_simulated(
     def reload() -> HostConfig:
         return _keep_dir(reload_config(), directory) if reload_config is not None else config
 
-    kubelet = KubeletStandIn(directory)
+    kubelet = KubeletStandIn(directory, pod_resources_socket=config.pod_resources_socket)
     names = _BackendNames()
     kubelet.name_backends(names.of)
     try:
@@ -105,8 +105,10 @@ class _BackendNames:
 
 
 def _keep_dir(config: HostConfig, directory: Path) -> HostConfig:
-    """A reloaded config keeps pointing at the simulated kubelet's dir."""
-    return config.model_copy(update={"device_plugins_dir": directory})
+    """The config (a reloaded one too) points at the simulated kubelet's device-plugins dir and
+    its pod-resources socket beside it, never at the machine's own kubelet."""
+    pod_resources = directory.parent / "pod-resources" / "kubelet.sock"
+    return config.model_copy(update={"device_plugins_dir": directory, "pod_resources_socket": pod_resources})
 
 
 async def _show(kubelet: KubeletStandIn, names: _BackendNames) -> None:
