@@ -46,7 +46,7 @@ class FakeSocketWatch:
         self.kubelet_socket = directory / "kubelet.sock"
         self.inode: int | None = None
         self.generation = 0
-        self.subscribers: set[Callable[[], None]] = set()
+        self.subscribers: set[Callable[[str | None], None]] = set()
         self.waiting = 0
         """How many callers are inside :meth:`wait_present` now."""
         self._present = asyncio.Event()
@@ -63,16 +63,16 @@ class FakeSocketWatch:
         finally:
             self.waiting -= 1
 
-    def subscribe(self, callback: Callable[[], None]) -> None:
+    def subscribe(self, callback: Callable[[str | None], None]) -> None:
         self.subscribers.add(callback)
 
-    def unsubscribe(self, callback: Callable[[], None]) -> None:
+    def unsubscribe(self, callback: Callable[[str | None], None]) -> None:
         self.subscribers.discard(callback)
 
-    def refresh(self) -> None:
-        """Tell every subscriber that something in the dir changed."""
+    def refresh(self, changed: str | None = None) -> None:
+        """Tell every subscriber that ``changed`` in the dir changed (None: anything may have)."""
         for callback in list(self.subscribers):
-            callback()
+            callback(changed)
 
     def appear(self) -> None:
         """A (new) kubelet listens on a new kubelet.sock file."""

@@ -314,6 +314,29 @@ async def test_socket_removed_while_registered_is_served_again_and_registered_ag
     await eventually(lambda: registrar.registered)
 
 
+async def test_a_change_named_for_another_file_does_not_look_at_our_socket(
+    registrar: KubeletRegistrar, endpoint: FakeEndpoint, watch: FakeSocketWatch
+) -> None:
+    """With 100 resources a kubelet restart changes 100 sockets: each registrar looks at its own
+    socket only when the change names it (or names nothing), not 100 times."""
+    looked: list[str] = []
+    gone = endpoint.socket.gone
+    endpoint.socket.gone = lambda: looked.append("gone") or gone()  # type: ignore[method-assign]
+    registrar.start()
+    await eventually(lambda: registrar.registered)
+    looked.clear()
+
+    endpoint.socket.is_gone = True
+    watch.refresh("devicehost-other.com_thing-abc.sock")
+    await settle()
+    assert looked == []
+    assert endpoint.serve_again_calls == 0
+
+    watch.refresh(endpoint.socket.name)
+    await eventually(lambda: endpoint.serve_again_calls == 1, within=1.0)
+    await eventually(lambda: registrar.registered)
+
+
 async def test_a_removed_socket_file_is_served_again_before_registering(
     short_tmp: Path, watch: FakeSocketWatch
 ) -> None:

@@ -77,14 +77,16 @@ def kubelet(plugin_dir: Path) -> Iterator[Kubelet]:
 
 
 class Calls:
-    """A subscriber that counts its calls and records the generation seen at each."""
+    """A subscriber that counts its calls and records the generation and file name seen at each."""
 
     def __init__(self, watch: KubeletSocketWatch) -> None:
         self.watch = watch
         self.generations: list[int] = []
+        self.names: list[str | None] = []
 
-    def __call__(self) -> None:
+    def __call__(self, changed: str | None) -> None:
         self.generations.append(self.watch.generation)
+        self.names.append(changed)
 
     @property
     def count(self) -> int:
@@ -232,7 +234,9 @@ async def test_a_change_to_another_file_in_the_dir_tells_subscribers_without_a_n
 
         (plugin_dir / "devicehost-x.sock").write_bytes(b"")
 
-        await eventually(lambda: calls.count > before, "the subscriber is told")
+        await eventually(
+            lambda: "devicehost-x.sock" in calls.names[before:], "the subscriber is told its name"
+        )
         assert watch.generation == 1
 
 
@@ -243,7 +247,7 @@ async def test_a_failing_subscriber_does_not_end_the_watch(
     watch = KubeletSocketWatch(plugin_dir)
     failures = 0
 
-    def failing() -> None:
+    def failing(changed: str | None) -> None:
         nonlocal failures
         failures += 1
         raise RuntimeError("a subscriber's bug")
@@ -369,7 +373,7 @@ def test_a_subscriber_may_unsubscribe_itself_while_being_called(plugin_dir: Path
     others = Calls(watch)
     seen = 0
 
-    def once() -> None:
+    def once(changed: str | None) -> None:
         nonlocal seen
         seen += 1
         watch.unsubscribe(once)

@@ -114,8 +114,10 @@ class ReleaseTracker:
         self._wake = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
 
-    def poke(self) -> None:
+    def poke(self, changed: str | None = None) -> None:
         """A file in the device-plugins dir changed: look now if it was the checkpoint."""
+        if changed not in (None, self.checkpoint.name):
+            return
         identity = file_identity(self.checkpoint)
         if identity != self._checkpoint_identity:
             self._checkpoint_identity = identity

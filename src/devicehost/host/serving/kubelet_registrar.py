@@ -67,11 +67,14 @@ class KubeletRegistrar(RegistrarLoop):
     def prepare(self, server: grpc.aio.Server) -> None:
         """Nothing to add: the kubelet dials the DevicePlugin service it is told about."""
 
-    def _on_dir_change(self) -> None:
+    def _on_dir_change(self, changed: str | None) -> None:
         # A failed Register waits out its backoff unless kubelet.sock or our socket changed:
         # any other file in the dir (the kubelet's checkpoint, other plugins) is no reason to retry.
-        if self._endpoint.socket.gone() or self._watch.generation != self._tried_generation:
+        if self._watch.generation != self._tried_generation or self._own_socket_gone(changed):
             self._wake.set()
+
+    def _own_socket_gone(self, changed: str | None) -> bool:
+        return changed in (None, self._endpoint.socket.name) and self._endpoint.socket.gone()
 
     async def _run(self) -> None:
         log = self._endpoint.log

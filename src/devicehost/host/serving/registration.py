@@ -72,8 +72,8 @@ class SocketWatch(Protocol):
     @property
     def generation(self) -> int: ...
     async def wait_present(self) -> int: ...
-    def subscribe(self, callback: Callable[[], None]) -> None: ...
-    def unsubscribe(self, callback: Callable[[], None]) -> None: ...
+    def subscribe(self, callback: Callable[[str | None], None]) -> None: ...
+    def unsubscribe(self, callback: Callable[[str | None], None]) -> None: ...
 
 
 class RegisterClient(Protocol):
@@ -175,8 +175,9 @@ class RegistrarLoop(abc.ABC):
             self._wake.set()
 
     @abc.abstractmethod
-    def _on_dir_change(self) -> None:
-        """A file in the device-plugins dir changed: wake the loop if that concerns it."""
+    def _on_dir_change(self, changed: str | None) -> None:
+        """The file ``changed`` in the device-plugins dir changed (None: any may have): wake the
+        loop if that concerns it."""
 
     @abc.abstractmethod
     async def _run(self) -> None:

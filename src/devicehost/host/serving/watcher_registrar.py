@@ -66,8 +66,9 @@ class PluginWatcherRegistrar(RegistrarLoop):
         self._status = None
         self._served_at = time.monotonic()
 
-    def _on_dir_change(self) -> None:
-        if self._endpoint.socket.gone():
+    def _on_dir_change(self, changed: str | None) -> None:
+        # The socket lives in plugins_registry: only the periodic look (None) concerns it.
+        if changed is None and self._endpoint.socket.gone():
             self._wake.set()
 
     def _on_status(self, registered: bool, error: str) -> None:
