@@ -1,7 +1,8 @@
-"""Where the host's time goes under Allocate load: py-spy samples ``devicehost run`` meanwhile.
+"""Where the host's time goes: py-spy samples ``devicehost run`` while the stand-in drives it.
 
-``python -m benchmarks.profile [--seconds 10]`` drives sequential Allocates (the kubelet's
-pattern) at one resource, records the host with ``py-spy record --format raw`` (needs
+``python -m benchmarks.profile [--scenario allocate|restart] [--seconds 10]`` drives either
+sequential Allocates (the kubelet's pattern) at one resource, or kubelet restarts one after the
+other with 100 resources, records the host with ``py-spy record --format raw`` (needs
 ``pip install py-spy``), and prints the functions with the most samples, own and inclusive.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import logging
 import shutil
 import subprocess
 import sys
@@ -17,30 +19,40 @@ import tempfile
 import time
 from pathlib import Path
 
+import structlog
+
 from benchmarks.kubelet import TimedKubelet, wait_all
 from benchmarks.procs import launch, running
 
 RESOURCE = "host.example.com/r0"
-DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "allocate.pyspy.txt"
+RESTART_RESOURCES = [f"host.example.com/k{i}" for i in range(100)]
+OUT_DIR = Path(__file__).resolve().parent / "out"
 TOP = 25
 
 
-async def drive(workdir: Path, seconds: float, out: Path) -> int:
-    """Allocate for ``seconds`` while py-spy records the host; the number of Allocates."""
+async def drive(scenario: str, workdir: Path, seconds: float, out: Path) -> int:
+    """Run ``scenario`` for ``seconds`` while py-spy records the host; how many rounds it did."""
     directory = workdir / "profile"
+    names = [RESOURCE] if scenario == "allocate" else RESTART_RESOURCES
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     done = 0
     async with (
         TimedKubelet(directory) as kubelet,
-        running(await launch("host", directory, {RESOURCE: 16}, workdir / "profile-host.log")) as host,
+        running(
+            await launch("host", directory, dict.fromkeys(names, 16), workdir / "profile-host.log")
+        ) as host,
     ):
-        await wait_all(kubelet, [RESOURCE], timeout=30)
+        await wait_all(kubelet, names, timeout=30)
         argv = [py_spy, "record", "--pid", str(host.proc.pid), "--format", "raw", "--rate", "500"]
         argv += ["--duration", str(int(seconds)), "--threads", "--output", str(out)]
         recorder = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            await kubelet.allocate_ids(RESOURCE, [f"r0-{done % 16}"])
+            if scenario == "allocate":
+                await kubelet.allocate_ids(RESOURCE, [f"r0-{done % 16}"])
+            else:
+                await kubelet.restart()
+                await wait_all(kubelet, names, timeout=10)
             done += 1
         await recorder.wait()
     return done
@@ -68,14 +80,19 @@ def summary(raw: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scenario", choices=["allocate", "restart"], default="allocate")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="py-spy raw (collapsed) stacks")
+    parser.add_argument(
+        "--out", type=Path, help="py-spy raw (collapsed) stacks; default out/<scenario>.pyspy.txt"
+    )
     args = parser.parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    out = args.out or OUT_DIR / f"{args.scenario}.pyspy.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dhp-") as tmp:
-        done = asyncio.run(drive(Path(tmp), args.seconds, args.out))
-    print(f"{done} Allocates in {args.seconds:g} s")
-    print(summary(args.out))
+        done = asyncio.run(drive(args.scenario, Path(tmp), args.seconds, out))
+    print(f"{done} {'Allocates' if args.scenario == 'allocate' else 'restarts'} in {args.seconds:g} s")
+    print(summary(out))
     return 0
 
 
