@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import compileall
 import contextlib
 import os
 import sys
@@ -15,6 +16,17 @@ REPO = Path(__file__).resolve().parent.parent
 DEVICEHOST = Path(sys.executable).parent / "devicehost"
 EXAMPLE_ENV = "DEVICEHOST_EXAMPLE_RESOURCES"
 STOP_WAIT = 10.0
+
+
+def compile_sources() -> None:
+    """Write the bytecode of this checkout's modules, as an installed wheel has it.
+
+    Where ``PYTHONDONTWRITEBYTECODE`` is set (this workplace sets it), every launch of an editable
+    install would compile devicehost's sources again: about 50 ms of each cold start that no
+    installed host pays. Site-packages got its bytecode from pip.
+    """
+    for tree in (REPO / "src", REPO / "benchmarks", *sorted(REPO.glob("plugins/*/src"))):
+        compileall.compile_dir(tree, quiet=1)
 
 
 def resources_arg(resources: Mapping[str, int]) -> str:
