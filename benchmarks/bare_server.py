@@ -4,7 +4,8 @@
 its own socket, registers it with ``kubelet.sock``, and answers Allocate with exactly what the
 example backend answers. It re-serves and re-registers when ``kubelet.sock`` is recreated (inotify).
 A line ``push <resource> <Healthy|Unhealthy>`` on stdin sets device 0's health from a thread, as
-a backend's watcher would, and prints the ``time.monotonic()`` of the change; EOF stops it.
+a backend's watcher would, and prints the ``time.monotonic()`` of the change; a line ``tasks``
+prints how many asyncio tasks the server's loop holds (:func:`count_tasks`); EOF stops it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from asyncinotify import Inotify, Mask
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 KUBELET_SOCKET = "kubelet.sock"
+RETRY_INITIAL = 0.02
+RETRY_MAX = 5.0
+"""Seconds before a failed Register is tried again, doubling up to the cap (the host's backoff)."""
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -95,11 +99,21 @@ class BarePlugin:
         return f"bare-{name.replace('/', '_')}.sock"
 
     async def serve_and_register(self) -> None:
+        """Serve every resource afresh and register each. A failed Register (the kubelet restarted
+        under it) is tried again with backoff, as the host does, rather than ending the process's
+        following of ``kubelet.sock``."""
         await asyncio.gather(*(self._serve(name) for name in self.servicers))
+        pending, delay = list(self.servicers), RETRY_INITIAL
+        while pending := await self._register(pending):
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RETRY_MAX)
+
+    async def _register(self, names: list[str]) -> list[str]:
+        """Register ``names`` with the kubelet; those whose Register failed."""
         options = [("grpc.default_authority", "localhost")]
         async with grpc.aio.insecure_channel(f"unix://{self.directory / KUBELET_SOCKET}", options) as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
-            await asyncio.gather(
+            results = await asyncio.gather(
                 *(
                     stub.Register(
                         api_pb2.RegisterRequest(
@@ -107,9 +121,16 @@ class BarePlugin:
                         ),
                         timeout=10,
                     )
-                    for name in self.servicers
-                )
+                    for name in names
+                ),
+                return_exceptions=True,
             )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, grpc.aio.AioRpcError):
+                raise result
+        return [
+            name for name, result in zip(names, results, strict=True) if isinstance(result, BaseException)
+        ]
 
     async def _serve(self, name: str) -> None:
         old = self._servers.pop(name, None)
@@ -136,9 +157,22 @@ class BarePlugin:
         await asyncio.gather(*(server.stop(0) for server in self._servers.values()))
 
 
+async def _tasks_now() -> int:
+    return len(asyncio.all_tasks()) - 1  # not this one
+
+
+def count_tasks(loop: asyncio.AbstractEventLoop) -> int:
+    """From another thread: the tasks ``loop`` holds, counted on the loop itself."""
+    return asyncio.run_coroutine_threadsafe(_tasks_now(), loop).result()
+
+
 def read_commands(loop: asyncio.AbstractEventLoop, plugin: BarePlugin, done: asyncio.Event) -> None:
-    """Stdin reader thread: ``push`` lines change health through the loop; EOF ends the process."""
+    """Stdin reader thread: ``push`` lines change health through the loop, ``tasks`` counts the
+    loop's tasks; EOF ends the process."""
     for line in sys.stdin:
+        if line.strip() == "tasks":
+            print(count_tasks(loop), flush=True)
+            continue
         _, resource, health = line.split()
         changed = time.monotonic()
         loop.call_soon_threadsafe(plugin.servicers[resource].set_health, health)

@@ -4,7 +4,8 @@
 real :class:`~devicehost.host.daemon.Host` (through ``devicehost.host.app.running``) (logging as ``devicehost run`` does, to ``--log``).
 A line ``push <resource> <Healthy|Unhealthy>`` on stdin changes device 0's health and prints the
 ``time.monotonic()`` of the change: in ``push`` mode through the ResourceNotifier given in
-``devicehost_start``, in ``poll`` mode only in the state ``devicehost_health`` returns. EOF stops it.
+``devicehost_start``, in ``poll`` mode only in the state ``devicehost_health`` returns. A line
+``tasks`` prints how many asyncio tasks the host's loop holds. EOF stops it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import devicehost
-from benchmarks.bare_server import parse_resources
+from benchmarks.bare_server import count_tasks, parse_resources
 from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Mount, Resource
 from devicehost.host.app import running
 from devicehost.host.backends.backend import Backend
@@ -101,6 +102,9 @@ class PollBackend(PushBackend):
 def read_commands(loop: asyncio.AbstractEventLoop, backend: PushBackend, host: Host) -> None:
     """Stdin reader thread, as a backend's own watcher thread; EOF stops the host."""
     for line in sys.stdin:
+        if line.strip() == "tasks":
+            print(count_tasks(loop), flush=True)
+            continue
         _, resource, health = line.split()
         print(backend.change(resource, Health(health)), flush=True)
     loop.call_soon_threadsafe(host.request_stop)

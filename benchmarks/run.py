@@ -23,8 +23,9 @@ from typing import Any
 
 import structlog
 
-from benchmarks import allocate, coldstart, health, idle, realkubelet, restart, scale, throughput
+from benchmarks import allocate, coldstart, health, idle, realkubelet, restart, scale, soak, throughput
 from benchmarks.figures import Figure
+from benchmarks.procs import compile_sources
 from benchmarks.settings import MODES, Settings
 
 Measure = Callable[[Settings, Path], Awaitable[list[Figure]]]
@@ -33,6 +34,7 @@ MEASUREMENTS: dict[str, Measure] = {
     "health": health.measure,
     "scale": scale.measure,
     "restart": restart.measure,
+    "soak": soak.measure,
     "coldstart": coldstart.measure,
     "throughput": throughput.measure,
     "kubelet": realkubelet.measure,
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    compile_sources()
     mode = args.mode or "full"
     names = args.only or list(MEASUREMENTS)
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

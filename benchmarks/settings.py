@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Settings:
-    """Sample counts and sizes; ``full`` fits 5 minutes on 2 cores, ``quick`` 60 s."""
+    """Sample counts and sizes; ``full`` takes about 8 minutes on 2 cores, ``quick`` 90 s."""
 
     allocate_samples: int
     push_samples: int
@@ -16,11 +16,14 @@ class Settings:
     poll_interval: float
     scale_counts: tuple[int, ...]
     scale_allocations: int
-    restart_counts: tuple[int, ...]
-    restarts: int
+    restart_counts: tuple[tuple[int, int], ...]
+    """(resources, restarts) pairs."""
+    kubelet_restarts: int
+    """Restarts of the real kubelet (``realkubelet``)."""
     cold_starts: int
     throughput_seconds: float
     idle_seconds: float
+    soak_restarts: int
 
 
 MODES = {
@@ -32,11 +35,12 @@ MODES = {
         poll_interval=1.0,
         scale_counts=(1, 10, 100, 300),
         scale_allocations=1000,
-        restart_counts=(1, 10, 100),
-        restarts=10,
+        restart_counts=((1, 1000), (3, 1000), (10, 100), (100, 20)),
+        kubelet_restarts=10,
         cold_starts=5,
         throughput_seconds=10.0,
         idle_seconds=60.0,
+        soak_restarts=10000,
     ),
     "quick": Settings(
         allocate_samples=400,
@@ -46,11 +50,12 @@ MODES = {
         poll_interval=1.0,
         scale_counts=(1, 10, 100, 300),
         scale_allocations=200,
-        restart_counts=(1, 10, 100),
-        restarts=3,
+        restart_counts=((1, 100), (3, 100), (10, 10), (100, 5)),
+        kubelet_restarts=3,
         cold_starts=2,
         throughput_seconds=2.0,
         idle_seconds=10.0,
+        soak_restarts=1000,
     ),
     "minimal": Settings(
         allocate_samples=50,
@@ -60,10 +65,11 @@ MODES = {
         poll_interval=0.5,
         scale_counts=(1, 10),
         scale_allocations=50,
-        restart_counts=(1,),
-        restarts=2,
+        restart_counts=((1, 2),),
+        kubelet_restarts=2,
         cold_starts=1,
         throughput_seconds=0.5,
         idle_seconds=1.0,
+        soak_restarts=20,
     ),
 }
