@@ -96,7 +96,7 @@ async def allocations(
 async def restarts(kubelet: DpHarness, settings: Settings) -> dict[str, list[float]]:
     """Seconds from asking the kubelet to restart to each side's resource allocatable again."""
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    for _ in range(settings.restarts):
+    for _ in range(settings.kubelet_restarts):
         await asyncio.sleep(SETTLE)
         asked = time.monotonic()
         await kubelet.restart()
