@@ -46,3 +46,54 @@ def test_allocate_measurement_writes_results(tmp_path: Path) -> None:
     targets = [f for f in figures if f["target"] is not None]
     assert len(targets) == 4
     assert results["targets"]["met"] + results["targets"]["missed"] == len(targets)
+
+
+def test_soak_measurement_writes_results(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "soak", "--out", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    results = json.loads(out.read_text())
+    assert results["mode"] == "minimal"
+    figures = {f["name"]: f for f in results["figures"]}
+    assert {f["measurement"] for f in figures.values()} == {"soak"}
+    warmup = 2  # minimal: 20 restarts, the warm-up a tenth of them
+    targeted = [
+        "restarts with the resource back",
+        *(f"{what} growth after restart {warmup}" for what in ("RSS", "threads", "fds", "tasks")),
+    ]
+    informative = ["restart to back p50", f"RSS at restart {warmup}", "RSS at end"]
+    assert set(figures) >= {*targeted, *informative}
+    for figure in figures.values():
+        assert math.isfinite(figure["value"])
+        assert figure["baseline"] is not None
+        assert math.isfinite(figure["baseline"])
+        assert (figure["target"] is None) == (figure["passed"] is None)
+    assert {name for name, f in figures.items() if f["target"] is not None} == set(targeted)
+    assert figures["restarts with the resource back"]["target"] == ">= 20"
+    for name in (f"RSS at restart {warmup}", "RSS at end"):
+        assert figures[name]["value"] > 0
+        assert figures[name]["baseline"] > 0
+    assert results["targets"]["met"] + results["targets"]["missed"] == len(targeted)
+
+
+def test_imports_report_names_what_only_the_host_imports() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.imports", "--runs", "1"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("wall, best of 1: host ")
+    packages = [line.split("ms  ", 1)[1] for line in lines if "ms  " in line]
+    # the host's own rooms and its config library are imported; the bare servicer has neither
+    assert "devicehost.host.config" in packages
+    assert "pydantic" in packages
+    assert "grpc" not in packages
