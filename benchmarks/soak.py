@@ -13,7 +13,9 @@ ended before the warm-up).
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,8 @@ class Usage:
     threads: int
     fds: int
     tasks: int
+    thread_names: tuple[str, ...] = ()
+    """The kernel's name of each thread (grpc's own are named, Python's are ``python``)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,16 @@ async def read_usage(server: ServerProcess) -> Usage:
         tasks = int(await server.command("tasks"))
         reads.append((rss, threads, fds, tasks))
     rss, threads, fds, tasks = (min(column) for column in zip(*reads, strict=True))
-    return Usage(round(rss, 3), int(threads), int(fds), int(tasks))
+    tasks_dir = Path(f"/proc/{server.proc.pid}/task")
+    names = tuple(sorted((tasks_dir / tid / "comm").read_text().strip() for tid in os.listdir(tasks_dir)))
+    return Usage(round(rss, 3), int(threads), int(fds), int(tasks), names)
+
+
+def say_new_threads(kind: str, series: Series) -> None:
+    """Name the threads that appeared after the warm-up (on stderr, beside the table)."""
+    new = collections.Counter(series.end.thread_names) - collections.Counter(series.warm.thread_names)
+    if new:
+        print(f"   {kind}: threads new after the warm-up: {dict(new)}", file=sys.stderr, flush=True)
 
 
 async def restarts(kubelet: KubeletStandIn, server: ServerProcess, name: str, settings: Settings) -> Series:
@@ -161,4 +174,6 @@ def growth(field: str, unit: str, target: Target, warmup: int, host: Series, bar
 async def measure(settings: Settings, workdir: Path) -> list[Figure]:
     host = await one("host", settings, workdir)
     bare = await one("bare", settings, workdir)
+    say_new_threads("host", host)
+    say_new_threads("bare", bare)
     return figures(settings, host, bare)
