@@ -417,6 +417,25 @@ class SpyInotify(Inotify):
         return watch
 
 
+async def test_a_busy_dir_still_gets_the_periodic_look(
+    plugin_dir: Path, kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Subscribers whose files live elsewhere (the plugin-watcher sockets) rely on the look that
+    names no file; events arriving faster than POLL_INTERVAL must not put it off for ever."""
+    monkeypatch.setattr(socket_watch, "POLL_INTERVAL", 0.2)
+    kubelet.start()
+    watch = KubeletSocketWatch(plugin_dir)
+    async with running(watch):
+        calls = await started(watch)
+        before = len(calls.names)
+        for n in range(60):  # an event every 20 ms for 1.2 s
+            (plugin_dir / f"other-{n % 2}.sock").write_bytes(b"")
+            (plugin_dir / f"other-{n % 2}.sock").unlink()
+            await asyncio.sleep(0.02)
+        looks = [name for name in calls.names[before:] if name is None]
+        assert len(looks) >= 3, f"{len(looks)} periodic looks in 1.2 s of events with a 0.2 s interval"
+
+
 async def test_the_dir_deleted_and_recreated_is_watched_again(
     plugin_dir: Path, kubelet: Kubelet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

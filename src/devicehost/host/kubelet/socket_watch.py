@@ -120,13 +120,18 @@ class KubeletSocketWatch:
                 await asyncio.sleep(POLL_INTERVAL)
 
     async def _follow(self, inotify: Inotify) -> None:
-        """Refresh on every batch of events, and every POLL_INTERVAL; return if the dir goes."""
+        """Tell each event's file, and look at everything every POLL_INTERVAL (however busy the
+        dir: subscribers with files elsewhere rely on that look); return if the dir goes."""
+        loop = asyncio.get_running_loop()
+        looked = loop.time()
         while True:
             try:
-                async with asyncio.timeout(POLL_INTERVAL):  # not wait_for: 3.11's can swallow a cancel
+                # not wait_for: 3.11's can swallow a cancel
+                async with asyncio.timeout_at(looked + POLL_INTERVAL):
                     event = await inotify.get()
             except TimeoutError:
                 self.refresh()
+                looked = loop.time()
                 continue
             gone = bool(event.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.IGNORED))
             self.refresh(None if gone or event.name is None else event.name.name)
