@@ -11,6 +11,8 @@ Backends import the contract from here::
 
 from devicehost import cdi, policies
 from devicehost.hookspecs import (
+    Api,
+    ClaimRequest,
     ContainerAllocation,
     Device,
     DeviceSpec,
@@ -19,6 +21,7 @@ from devicehost.hookspecs import (
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
+    Version,
     hookimpl,
 )
 
@@ -37,6 +40,8 @@ def __getattr__(name: str) -> str:
 
 
 __all__ = [
+    "Api",
+    "ClaimRequest",
     "ContainerAllocation",
     "Device",
     "DeviceSpec",
@@ -45,6 +50,7 @@ __all__ = [
     "PreferredAllocationRequest",
     "Resource",
     "ResourceNotifier",
+    "Version",
     "__version__",
     "cdi",
     "hookimpl",

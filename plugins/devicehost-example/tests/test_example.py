@@ -155,7 +155,7 @@ def test_entry_point_loads_and_hooks_match_the_spec(tmp_path: Path) -> None:
     manager.check_pending()
     manager.hook.devicehost_configure(settings={"cdi": True, "cdi_dir": str(tmp_path)})
     manager.hook.devicehost_start(resource=WIDGET, notifier=NullNotifier())
-    allocation = manager.hook.devicehost_allocate(resource=WIDGET, device_ids=("widget-1",))
+    allocation = manager.hook.devicehost_allocate(resource=WIDGET, device_ids=("widget-1",), claim=None)
     assert list(allocation.cdi_devices) == [f"{WIDGET}=widget-1"]
 
 

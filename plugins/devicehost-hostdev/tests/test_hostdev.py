@@ -478,7 +478,9 @@ def test_entry_point_loads_and_hooks_match_the_spec(tmp_path: Path) -> None:
     manager.hook.devicehost_configure(settings=settings)
     [resource] = manager.hook.devicehost_discover()
     assert resource.devices == (Device("fuse"),)
-    allocation = manager.hook.devicehost_allocate(resource="example.com/fuse", device_ids=("fuse",))
+    allocation = manager.hook.devicehost_allocate(
+        resource="example.com/fuse", device_ids=("fuse",), claim=None
+    )
     assert allocation.devices == [
         DeviceSpec(container_path="/dev/fuse", host_path="/dev/fuse", permissions="rw")
     ]

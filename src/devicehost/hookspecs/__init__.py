@@ -7,6 +7,8 @@ import pluggy
 
 from devicehost.hookspecs.spec import PROJECT_NAME, REQUIRED_HOOKS
 from devicehost.hookspecs.types import (
+    Api,
+    ClaimRequest,
     ContainerAllocation,
     Device,
     DeviceSpec,
@@ -15,6 +17,7 @@ from devicehost.hookspecs.types import (
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
+    Version,
 )
 
 ENTRY_POINT_GROUP = "devicehost.backends"
@@ -26,6 +29,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PROJECT_NAME",
     "REQUIRED_HOOKS",
+    "Api",
+    "ClaimRequest",
     "ContainerAllocation",
     "Device",
     "DeviceSpec",
@@ -34,5 +39,6 @@ __all__ = [
     "PreferredAllocationRequest",
     "Resource",
     "ResourceNotifier",
+    "Version",
     "hookimpl",
 ]

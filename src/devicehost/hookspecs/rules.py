@@ -15,6 +15,7 @@ from devicehost.hookspecs.types import (
     DeviceSpec,
     Mount,
     Resource,
+    Version,
     health_value_problem,
 )
 
@@ -29,6 +30,11 @@ BUILT_IN_ATTRIBUTES = {"id": "ID", "numaNode": "NUMA node", "group": "group"}
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE]|[eE][0-9]+)?")
 _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
+SERVE_THROUGH = (None, "device-plugin", "dra", "both")
+_SEMVER = re.compile(
+    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
+)
 
 
 def resource_name_problem(name: str) -> str | None:
@@ -165,6 +171,11 @@ def discovery_problem(answer: object) -> str | None:
             isinstance(d, Device) for d in resource.devices
         ):
             return f"{resource.name}: devices must be devicehost.Device, got {resource.devices!r:.200}"
+        if resource.serve_through not in SERVE_THROUGH:
+            return (
+                f"{resource.name}: serve_through {resource.serve_through!r:.100} must be one of"
+                f" {', '.join(map(repr, SERVE_THROUGH[1:]))} or None"
+            )
     return None
 
 
@@ -209,8 +220,16 @@ def _attributes_problem(attributes: object) -> str | None:
             return f"attribute name {name!r:.100} must be a C identifier of at most 32 characters"
         if name in BUILT_IN_ATTRIBUTES:
             return f"attribute name {name!r} is the host's own (the device's {BUILT_IN_ATTRIBUTES[name]})"
-        if not isinstance(value, (bool, int, str)) or (isinstance(value, str) and len(value) > 64):
-            return f"attribute {name}: {value!r:.100} must be a bool, an int or a string of at most 64 characters"
+        if isinstance(value, Version):
+            if len(value) > 64 or not _SEMVER.fullmatch(value):
+                return (
+                    f"attribute {name}: version {str(value)!r:.100} is not a semantic version such as '1.0.0'"
+                )
+        elif not isinstance(value, (bool, int, str)) or (isinstance(value, str) and len(value) > 64):
+            return (
+                f"attribute {name}: {value!r:.100} must be a bool, an int, a string of at most 64"
+                " characters or a devicehost.Version"
+            )
     return None
 
 

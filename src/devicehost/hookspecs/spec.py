@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from devicehost.hookspecs.types import (
+    ClaimRequest,
     ContainerAllocation,
     Device,
     Health,
@@ -44,6 +45,18 @@ def devicehost_settings_model() -> type[BaseModel] | None:
     before every ``devicehost_configure`` (and in ``devicehost config check``): a wrong type or an
     unknown key (also when the model does not forbid extra keys) is refused with its key path,
     and ``devicehost_configure`` receives the validated model instance instead of the mapping.
+    """
+
+
+@_hookspec(firstresult=True)
+def devicehost_claim_config_model() -> type[BaseModel] | None:
+    """DRA only: return the pydantic model of the opaque configuration claims give this backend (optional).
+
+    Called once, when the backend loads. Before each allocate hook of a DRA claim, the host
+    validates the request's configuration (a DeviceClass's or a claim's ``opaque.parameters`` for
+    this driver) with it: a refusal fails that claim alone, naming the request and the key path,
+    and the allocate hook receives the model instance as ``claim.config``. Without a model the
+    parameters arrive as a mapping. Set ``extra="forbid"`` to refuse keys the model does not know.
     """
 
 
@@ -107,14 +120,22 @@ def devicehost_stop(resource: str) -> None:
 
 
 @_hookspec(firstresult=True)
-def devicehost_allocate(resource: str, device_ids: tuple[str, ...]) -> ContainerAllocation | None:
+def devicehost_allocate(
+    resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None
+) -> ContainerAllocation | None:
     """Return what one container needs to use the given devices.
 
     The host has checked that every ID belongs to the resource. Raise to fail the pod's
     admission; the exception's message reaches the kubelet. Stops at first non-None result.
 
+    Through DRA it is called once per claim request with the devices allocated for it, and what
+    it returns reaches every container that uses the request (as a CDI device of the claim).
+
     :param resource: the extended resource name.
-    :param device_ids: the IDs the kubelet allocated to this container.
+    :param device_ids: the IDs the kubelet allocated to this container (through DRA: to the
+        claim's request).
+    :param claim: through DRA, the claim request with its configuration and admin access
+        (:class:`~devicehost.ClaimRequest`); None through the device plugin API.
     """
 
 
@@ -151,7 +172,9 @@ def devicehost_release(resource: str, device_ids: tuple[str, ...]) -> None:
 
     Optional: the host learns of releases from the kubelet's pod-resources API and calls this
     once per device set a container held, never for devices the kubelet still assigns. The
-    devices are advertised Unhealthy until it returns, then get their health back.
+    devices are advertised Unhealthy until it returns, then get their health back. Through DRA
+    it is called when a claim is unprepared, for the claim's devices that no other prepared
+    claim (an admin-access one, say) still holds.
 
     :param resource: the extended resource name.
     :param device_ids: the IDs one container held, now free.

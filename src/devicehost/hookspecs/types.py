@@ -12,7 +12,7 @@ import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 _T = TypeVar("_T")
 
@@ -62,6 +62,20 @@ def health_value_problem(health: object) -> str | None:
     return f"health {health!r:.100} is not a devicehost.Health"
 
 
+Api = Literal["device-plugin", "dra", "both"]
+"""The kubelet API a resource is served through: extended resources, DRA, or both."""
+
+
+class Version(str):
+    """DRA only: a device attribute that is a semantic version (``Version("1.0.0")``).
+
+    Published as a ``version`` attribute, so selectors compare it as one
+    (``device.attributes["example.com"].driverVersion.isGreaterThan(semver("1.0.0"))``).
+    """
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class Device:
     """One allocatable device of a resource.
@@ -73,8 +87,8 @@ class Device:
         for allocation policies that spread across physical devices; None: its own.
     :param attributes: DRA only: typed facts about the device that DeviceClass and claim
         selectors match in CEL (``device.attributes["example.com"].model == "w2"``); names are
-        C identifiers of at most 32 characters, values a bool, an int or a string of at most
-        64 characters. The device plugin API has no place for them.
+        C identifiers of at most 32 characters, values a bool, an int, a string of at most
+        64 characters or a :class:`Version`. The device plugin API has no place for them.
     :param capacity: DRA only: amounts the device has (``{"memory": "16Gi"}``), an int or a
         Kubernetes quantity string, matched as ``device.capacity["example.com"].memory``.
     """
@@ -113,10 +127,14 @@ class Resource:
     :param name: the extended resource name; the kubelet's rules apply
         (see :func:`devicehost.hookspecs.rules.resource_name_problem`).
     :param devices: the devices that make up the resource's capacity.
+    :param serve_through: the API the resource is served through unless the operator's
+        ``serve_through`` names it or its backend: ``device-plugin``, ``dra`` or ``both``;
+        None: ``device-plugin``.
     """
 
     name: str
     devices: tuple[Device, ...] = ()
+    serve_through: Api | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse devices that are not :class:`Device`, naming the first; a list becomes a tuple."""
@@ -190,6 +208,31 @@ class PreferredAllocationRequest:
     available: tuple[str, ...]
     must_include: tuple[str, ...]
     size: int
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """DRA only: the ResourceClaim request that devices are allocated for, handed to the allocate hook.
+
+    The device plugin API has no claims: there the hook gets ``claim=None``.
+
+    :param name: the request's name in the claim; a subrequest of a prioritized list
+        (``firstAvailable``) is ``request/subrequest``, as the scheduler chose it.
+    :param claim: ``namespace/name`` of the ResourceClaim.
+    :param uid: the ResourceClaim's UID.
+    :param config: the opaque configuration for the request and this driver, from the
+        DeviceClass then the claim, the last one that names the request (or names none) winning:
+        an instance of the backend's claim configuration model when it declares one
+        (``devicehost_claim_config_model``), else the parameters as a mapping; None when none applies.
+    :param admin_access: the claim asks for admin access: other claims may hold the same devices
+        (monitor them, do not reset them); the host never releases a device another claim holds.
+    """
+
+    name: str
+    claim: str
+    uid: str
+    config: Any = None
+    admin_access: bool = False
 
 
 class ResourceNotifier(Protocol):

@@ -281,6 +281,7 @@ def test_allocation_answers_are_well_formed(direct: DirectBackend, served: list[
                 direct.hook.devicehost_allocate,
                 resource=resource.name,
                 device_ids=(device,),
+                claim=None,
             )
             problem = rules.allocation_problem(answer)
             if problem:
@@ -293,7 +294,9 @@ def test_backend_refuses_unknown_ids(direct: DirectBackend, served: list[Resourc
     for resource in served:
         assert UNKNOWN_ID not in {d.id for d in resource.devices}
         try:
-            answer = direct.hook.devicehost_allocate(resource=resource.name, device_ids=(UNKNOWN_ID,))
+            answer = direct.hook.devicehost_allocate(
+                resource=resource.name, device_ids=(UNKNOWN_ID,), claim=None
+            )
         except Exception:
             continue
         broken("unknown-ids-backend", f"{resource.name}: allocate of {UNKNOWN_ID!r} returned {answer!r:.200}")

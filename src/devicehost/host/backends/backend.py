@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from devicehost.hookspecs import REQUIRED_HOOKS, rules, spec
 from devicehost.hookspecs.types import (
+    ClaimRequest,
     ContainerAllocation,
     Device,
     Health,
@@ -43,6 +44,10 @@ class HookTimeout(HookError):
     """A hook ran past the hook timeout; its thread is left to finish on its own."""
 
 
+class AnswerRefused(HookError):
+    """A hook answered something the contract does not allow."""
+
+
 class BackendBusy(HookError):
     """Every thread of the backend is taken by hooks that have not returned."""
 
@@ -52,6 +57,14 @@ class SettingsRefused(HookError):
 
     def __init__(self, backend: str, problems: Sequence[str]) -> None:
         super().__init__(backend, "settings", "do not fit its settings model: " + "; ".join(problems))
+        self.problems = tuple(problems)
+
+
+class ClaimConfigRefused(HookError):
+    """The backend's claim configuration model refused a claim's parameters."""
+
+    def __init__(self, backend: str, problems: Sequence[str]) -> None:
+        super().__init__(backend, "claim configuration", "refused: " + "; ".join(problems))
         self.problems = tuple(problems)
 
 
@@ -102,16 +115,15 @@ def new_plugin_manager(name: str, plugin: object) -> pluggy.PluginManager:
     return manager
 
 
-def declared_settings_model(manager: pluggy.PluginManager) -> type[BaseModel] | None:
-    """What the backend's ``devicehost_settings_model`` returns, checked to be a pydantic model."""
+def declared_model(manager: pluggy.PluginManager, hook: str) -> type[BaseModel] | None:
+    """What the backend's model hook (``devicehost_settings_model``, ``devicehost_claim_config_model``)
+    returns, checked to be a pydantic model."""
     try:
-        model = manager.hook.devicehost_settings_model()
+        model = getattr(manager.hook, hook)()
     except Exception as exc:
-        raise BackendContractError(f"devicehost_settings_model raised {type(exc).__name__}: {exc}") from exc
+        raise BackendContractError(f"{hook} raised {type(exc).__name__}: {exc}") from exc
     if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise BackendContractError(
-            f"devicehost_settings_model must return a pydantic model class, not {model!r}"
-        )
+        raise BackendContractError(f"{hook} must return a pydantic model class, not {model!r}")
     return model
 
 
@@ -124,22 +136,29 @@ def checked_settings(
     """
     if model is None:
         return settings
-    prefix = ("backends", name)
+    value, problems = validated(model, settings, ("backends", name))
+    if problems or value is None:
+        raise SettingsRefused(name, problems)
+    return value
+
+
+def validated(
+    model: type[BaseModel], values: Mapping[str, Any], prefix: tuple[str, ...]
+) -> tuple[BaseModel | None, list[str]]:
+    """``values`` as a ``model`` instance, or the ``key.path: why`` problems (prefixed with ``prefix``);
+    unknown top-level keys are refused even when the model allows extras."""
     problems = []
     if model.model_config.get("extra") != "forbid":
         accepted = model_keys(model)
         problems = [
             f"{'.'.join((*prefix, str(k)))}: {unknown_key(str(k), accepted)}"
-            for k in settings
+            for k in values
             if k not in accepted
         ]
     try:
-        value = model.model_validate(settings)
+        return model.model_validate(values), problems
     except ValidationError as exc:
-        problems += describe_errors(exc, model, prefix)
-    if problems:
-        raise SettingsRefused(name, problems)
-    return value
+        return None, problems + describe_errors(exc, model, prefix)
 
 
 class Backend:
@@ -158,9 +177,17 @@ class Backend:
             raise BackendContractError(str(exc)) from exc
         self._implemented = frozenset(impls)
         self.settings_model = (
-            declared_settings_model(self._pm) if "devicehost_settings_model" in impls else None
+            declared_model(self._pm, "devicehost_settings_model")
+            if "devicehost_settings_model" in impls
+            else None
         )
         """The pydantic model the backend declared for its settings, or None (a plain mapping)."""
+        self.claim_config_model = (
+            declared_model(self._pm, "devicehost_claim_config_model")
+            if "devicehost_claim_config_model" in impls
+            else None
+        )
+        """The pydantic model of the DRA claim configuration it takes, or None (a plain mapping)."""
         self._threads = HookThreads(name)
         self.failures: Counter[str] = Counter()
         """Hook calls that raised, timed out or were refused as busy, by hook name."""
@@ -171,6 +198,18 @@ class Backend:
         :raises SettingsRefused: naming each bad key as ``backends.<name>.<key path>``.
         """
         return checked_settings(self.name, self.settings_model, settings)
+
+    def claim_config(self, parameters: Mapping[str, Any], where: str) -> Mapping[str, Any] | BaseModel:
+        """A claim's opaque ``parameters`` checked by the backend's claim configuration model.
+
+        :raises ClaimConfigRefused: naming each bad key as ``<where>.<key path>``.
+        """
+        if self.claim_config_model is None:
+            return parameters
+        value, problems = validated(self.claim_config_model, parameters, (where,))
+        if problems or value is None:
+            raise ClaimConfigRefused(self.name, problems)
+        return value
 
     @property
     def busy(self) -> bool:
@@ -201,10 +240,10 @@ class Backend:
             self.failures[hook] += 1
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
 
-    def refuse(self, hook: str, problem: str) -> HookError:
+    def refuse(self, hook: str, problem: str) -> AnswerRefused:
         """Count and describe an answer that breaks the contract."""
         self.failures[hook] += 1
-        return HookError(self.name, hook, problem)
+        return AnswerRefused(self.name, hook, problem)
 
     async def configure(self, settings: Mapping[str, Any]) -> None:
         """Check ``settings`` with the backend's model, then hand them to its configure hook."""
@@ -236,12 +275,24 @@ class Backend:
     async def stop(self, resource: str) -> None:
         await self._call("devicehost_stop", resource=resource)
 
-    async def allocate(self, resource: str, device_ids: tuple[str, ...]) -> ContainerAllocation:
-        answer = await self._call("devicehost_allocate", resource=resource, device_ids=device_ids)
+    async def allocate(
+        self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None = None
+    ) -> ContainerAllocation:
+        answer = await self._call(
+            "devicehost_allocate", resource=resource, device_ids=device_ids, claim=claim
+        )
+        problem = rules.allocation_problem(answer)
+        if problem:
+            raise self.refuse("devicehost_allocate", problem)
         return answer  # type: ignore[no-any-return]  # checked by rules.allocation_problem
 
     async def preferred_allocation(self, resource: str, request: PreferredAllocationRequest) -> Sequence[str]:
         answer = await self._call("devicehost_preferred_allocation", resource=resource, request=request)
+        problem = rules.preferred_allocation_problem(
+            answer, request.available, request.must_include, request.size
+        )
+        if problem:
+            raise self.refuse("devicehost_preferred_allocation", problem)
         return answer  # type: ignore[no-any-return]  # checked by rules.preferred_allocation_problem
 
     async def pre_start_container(self, resource: str, device_ids: tuple[str, ...]) -> None:

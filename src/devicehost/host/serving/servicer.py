@@ -19,7 +19,7 @@ import structlog
 from devicehost import policies
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import PreferredAllocationRequest
-from devicehost.host.backends.backend import Backend, BackendBusy, HookError, HookTimeout
+from devicehost.host.backends.backend import AnswerRefused, Backend, BackendBusy, HookError, HookTimeout
 from devicehost.host.serving import wire
 from devicehost.host.serving.streams import StreamSet
 from devicehost.host.serving.table import DeviceTable
@@ -110,9 +110,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 allocation = await self.backend.allocate(self.resource, ids)
             except HookError as exc:
                 await self._abort_hook(context, exc)
-            problem = rules.allocation_problem(allocation)
-            if problem:
-                await self._abort_answer(context, "devicehost_allocate", problem)
             responses.append(wire.container_allocation(allocation))
             log.debug("allocated", devices=list(ids))
         return api_pb2.AllocateResponse(container_responses=responses)
@@ -141,9 +138,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     answer = await self.backend.preferred_allocation(self.resource, ask)
                 except HookError as exc:
                     await self._abort_hook(context, exc)
-            problem = rules.preferred_allocation_problem(answer, available, must_include, size)
-            if problem:
-                await self._abort_answer(context, "devicehost_preferred_allocation", problem)
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=list(answer)))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
@@ -171,11 +165,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         if problem:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
 
-    async def _abort_answer(self, context: Context, hook: str, problem: str) -> NoReturn:
-        error = self.backend.refuse(hook, problem)
-        log.error("hook answer refused", hook=hook, problem=problem)
-        await self._abort(context, grpc.StatusCode.INTERNAL, str(error))
-
     async def _abort(self, context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
         self.errors[code.name] += 1
         await context.abort(code, message)
@@ -183,7 +172,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     async def _abort_hook(self, context: Context, exc: HookError) -> NoReturn:
         code = hook_status(exc)
-        log.error("hook failed", hook=exc.hook, error=str(exc), code=code.name)
+        what = "hook answer refused" if isinstance(exc, AnswerRefused) else "hook failed"
+        log.error(what, hook=exc.hook, error=str(exc), code=code.name)
         await self._abort(context, code, str(exc))
 
 
@@ -211,4 +201,6 @@ def hook_status(exc: HookError) -> grpc.StatusCode:
         return grpc.StatusCode.DEADLINE_EXCEEDED
     if isinstance(exc, BackendBusy):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, AnswerRefused):
+        return grpc.StatusCode.INTERNAL
     return grpc.StatusCode.UNKNOWN
