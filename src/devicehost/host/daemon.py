@@ -192,7 +192,7 @@ class Host:
         await asyncio.gather(*(self._add(backend, resource) for _, resource in plan.add))
 
     async def _add(self, backend: Backend, resource: Resource) -> None:
-        api = self.dra.api(backend.name, resource.name)
+        api = self.dra.api(backend.name, resource)
         server = ResourceServer(
             backend, resource, self._serving, self.config.health_interval, device_plugin=api != "dra"
         )
@@ -200,7 +200,7 @@ class Host:
             if await _started(server) is None:
                 return
             if api != "device-plugin":
-                await self.dra.attach(server)
+                await self.dra.attach(server, api)
         finally:
             self._starting.pop(resource.name, None)
         self.resources[resource.name] = server

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
 from devicehost.proto.dra.v1 import api_pb2, api_pb2_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2 as registration_pb2
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
@@ -112,17 +112,39 @@ class ClusterStandIn:
         ]
 
     def allocate(
-        self, driver: str, count: int = 1, *, namespace: str = "default", name: str = "", request: str = "req"
+        self,
+        driver: str,
+        count: int = 1,
+        *,
+        namespace: str = "default",
+        name: str = "",
+        request: str = "req",
+        config: Mapping[str, Any] | None = None,
+        admin_access: bool = False,
+        devices: Sequence[str] = (),
     ) -> tuple[str, str, str]:
-        """Allocate ``count`` free devices of ``driver`` to a new claim; its (namespace, uid, name)."""
-        taken = {(d.pool, d.device) for c in self.claims.values() for d in c.devices}
-        free = [d for d in self.devices(driver) if d not in taken]
+        """Allocate ``count`` free devices of ``driver`` to a new claim; its (namespace, uid, name).
+
+        ``request`` may be ``request/subrequest`` (a prioritized list's choice); ``config`` is the
+        claim's opaque parameters for ``driver`` and the request; an ``admin_access`` claim may
+        take devices other claims hold (and takes none from them); ``devices`` names the ones
+        to take.
+        """
+        taken = {(d.pool, d.device) for c in self.claims.values() for d in c.devices if not d.admin_access}
+        free = [
+            d
+            for d in self.devices(driver)
+            if (admin_access or d not in taken) and (not devices or d[1] in devices)
+        ]
         if len(free) < count:
             raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
         uid = str(uuid.uuid4())
         name = name or f"claim-{uid[:8]}"
-        chosen = tuple(AllocatedDevice(request, driver, pool, device) for pool, device in free[:count])
-        self.claims[(namespace, name)] = ClaimAllocation(uid, chosen)
+        chosen = tuple(
+            AllocatedDevice(request, driver, pool, device, admin_access) for pool, device in free[:count]
+        )
+        configs = (OpaqueConfig(driver, config, (request.partition("/")[0],)),) if config is not None else ()
+        self.claims[(namespace, name)] = ClaimAllocation(uid, chosen, configs)
         return namespace, uid, name
 
     async def wait(self, predicate: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109

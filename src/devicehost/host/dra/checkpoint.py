@@ -28,6 +28,7 @@ class PreparedDevice:
     resource: str
     device_id: str
     cdi_ids: tuple[str, ...]
+    admin_access: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class PreparedClaim:
     def by_resource(self) -> dict[str, tuple[str, ...]]:
         """The claim's device IDs, grouped by resource."""
         return by_resource(self.devices)
+
+    def held(self) -> set[tuple[str, str]]:
+        """The claim's devices as (resource, device ID)."""
+        return {(d.resource, d.device_id) for d in self.devices}
 
 
 def by_resource(devices: Iterable[PreparedDevice]) -> dict[str, tuple[str, ...]]:
@@ -81,6 +86,10 @@ class Checkpoint:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return f"{self.path}: unreadable ({type(exc).__name__}: {exc})"
         return None
+
+    def held(self, but: str = "") -> set[tuple[str, str]]:
+        """(resource, device ID) of every device a prepared claim holds, the claim ``but`` left out."""
+        return {key for uid, claim in self.claims.items() if uid != but for key in claim.held()}
 
     def add(self, claim: PreparedClaim) -> None:
         self.claims[claim.uid] = claim

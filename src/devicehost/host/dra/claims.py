@@ -1,29 +1,32 @@
 """Preparing and unpreparing one driver's claims: the kubelet's two DRA calls, as plain functions.
 
 Prepare reads the claim's allocation from the API server, calls the backend's allocate hook once
-per resource for the claim's devices, writes what that gave as a CDI spec of the claim's own
-(``<driver>/claim-<uid>``), and records the claim in the checkpoint before answering; asked
-again, it answers the same. Unprepare calls the release hook, removes the spec and forgets the
-claim. While prepared, a device is advertised Unhealthy to the device plugin side, so a resource
-served through both APIs never hands one device out twice.
+per resource and request for the claim's devices (with the request's name, its opaque
+configuration checked by the backend's model, and its admin access), writes what that gave as a
+CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
+before answering; asked again, it answers the same. Unprepare calls the release hook for the
+claim's devices that no other prepared claim holds (an admin-access claim may share a device
+with a normal one), removes the spec and forgets the claim. While prepared, a device is
+advertised Unhealthy to the device plugin side, so a resource served through both APIs never
+hands one device out twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ContainerAllocation, Device, Health
+from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Device, Health
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
-from devicehost.host.dra.cluster import AllocatedDevice, Cluster, ClusterError
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 
 if TYPE_CHECKING:
@@ -43,6 +46,16 @@ class Attached:
     pool: str
     slice: str
     follow: asyncio.Task[None]
+
+
+@dataclass(frozen=True)
+class Picked:
+    """One allocated device of a claim, found in what this host publishes."""
+
+    device: str
+    """Its DRA name."""
+    device_id: str
+    admin_access: bool
 
 
 class Claims:
@@ -112,21 +125,20 @@ class Claims:
         return errors
 
     async def _prepare(
-        self, namespace: str, uid: str, name: str, read: tuple[AllocatedDevice, ...] | BaseException
+        self, namespace: str, uid: str, name: str, read: ClaimAllocation | BaseException
     ) -> PreparedClaim:
         if isinstance(read, BaseException):
             if isinstance(read, _ClaimRefused):
                 raise read
             raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
         kind = names.cdi_kind(self._driver, uid)
-        devices, spec_devices = await self._allocate(
-            kind, pick(read, self._resources, self._device_plugin_holds)
-        )
+        picked = pick(read.devices, self._resources, self._device_plugin_holds)
+        devices, spec_devices = await self._allocate(kind, f"{namespace}/{name}", uid, read, picked)
         if spec_devices:
             try:
                 cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices))
             except (OSError, ValueError) as exc:
-                await self._release(by_resource(devices), "its CDI spec could not be written")
+                await self._release(devices, "its CDI spec could not be written")
                 raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
         claim = PreparedClaim(uid, namespace, name, tuple(devices))
         self.checkpoint.add(claim)
@@ -139,7 +151,12 @@ class Claims:
         return claim
 
     async def _allocate(
-        self, kind: str, picked: Mapping[tuple[str, str], list[tuple[str, str]]]
+        self,
+        kind: str,
+        claim: str,
+        uid: str,
+        allocation: ClaimAllocation,
+        picked: Mapping[tuple[str, str], list[Picked]],
     ) -> tuple[list[PreparedDevice], list[cdi.Device]]:
         """One allocate call per resource and request; what is allocated is released again if a
         later call fails. Each request's first device carries the CDI IDs its containers get."""
@@ -147,58 +164,79 @@ class Claims:
         spec_devices: list[cdi.Device] = []
         for (resource, request), chosen in picked.items():
             attached = self._resources[resource]
-            ids = tuple(device_id for _, device_id in chosen)
+            admin = any(p.admin_access for p in chosen)
             try:
-                given = await attached.server.backend.allocate(resource, ids)
-            except HookError as exc:
-                await self._release(by_resource(devices), "a later allocation of the claim failed")
+                asked = ClaimRequest(request, claim, uid, self._config(attached, allocation, request), admin)
+                given = await attached.server.backend.allocate(
+                    resource, tuple(p.device_id for p in chosen), asked
+                )
+            except (HookError, _ClaimRefused) as exc:
+                await self._release(devices, "a later allocation of the claim failed")
                 raise _ClaimRefused(str(exc)) from None
             _say_annotations_dropped(given)
             cdi_ids = list(given.cdi_devices)
             edits = cdi.edits_from_allocation(given)
             if edits.to_dict():
-                cdi_name = f"{request}.{names.device_name(resource.partition('/')[2])}"
+                cdi_name = names.cdi_device_name(request, resource)
                 spec_devices.append(cdi.Device(name=cdi_name, edits=edits))
                 cdi_ids.append(f"{kind}={cdi_name}")
-            for n, (dra_name, device_id) in enumerate(chosen):
+            for n, p in enumerate(chosen):
                 handed = tuple(cdi_ids) if n == 0 else ()
-                devices.append(PreparedDevice(request, attached.pool, dra_name, resource, device_id, handed))
+                devices.append(
+                    PreparedDevice(
+                        request, attached.pool, p.device, resource, p.device_id, handed, p.admin_access
+                    )
+                )
         return devices, spec_devices
 
-    async def _release(self, by_resource: Mapping[str, tuple[str, ...]], why: str) -> None:
-        """Give back what a failed prepare had allocated (failures logged: the claim fails anyway)."""
-        for resource, ids in by_resource.items():
-            try:
-                await self._resources[resource].server.backend.release(resource, ids)
-            except HookError as exc:
-                self.log.error("release after a failed prepare failed", resource=resource, error=str(exc))
-        if by_resource:
-            self.log.warning("allocated devices released again", why=why, devices=dict(by_resource))
+    def _config(self, attached: Attached, allocation: ClaimAllocation, request: str) -> object:
+        """The request's opaque configuration for this driver, checked by the backend's model."""
+        config = allocation.config(self._driver, request)
+        if config is None:
+            return None
+        try:
+            return attached.server.backend.claim_config(config.parameters, "parameters")
+        except HookError as exc:
+            raise _ClaimRefused(f"request {request!r}: {exc}") from None
 
-    async def _unprepare(self, uid: str) -> None:
-        claim = self.checkpoint.claims.get(uid)
-        if claim is None:
-            return  # never prepared here, or unprepared already: nothing to undo
-        for resource, ids in claim.by_resource().items():
+    async def _release(self, devices: Collection[PreparedDevice], why: str, but: str = "") -> None:
+        """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds.
+
+        Used when a failed prepare gives back what it allocated (failures are logged: the claim
+        fails anyway) and when a claim is unprepared (failures raised: the kubelet asks again).
+        """
+        held = self.checkpoint.held(but=but)
+        free = by_resource(d for d in devices if (d.resource, d.device_id) not in held)
+        for resource, ids in free.items():
             attached = self._resources.get(resource)
             if attached is None:
                 raise _ClaimRefused(f"{resource} is not served right now; asked again later")
             try:
                 await attached.server.backend.release(resource, ids)
             except HookError as exc:
-                raise _ClaimRefused(str(exc)) from None
+                if but:
+                    raise _ClaimRefused(str(exc)) from None
+                self.log.error("release after a failed prepare failed", resource=resource, error=str(exc))
+        if free and not but:
+            self.log.warning("allocated devices released again", why=why, devices=dict(free))
+
+    async def _unprepare(self, uid: str) -> None:
+        claim = self.checkpoint.claims.get(uid)
+        if claim is None:
+            return  # never prepared here, or unprepared already: nothing to undo
+        await self._release(claim.devices, "unprepared", but=uid)
         with contextlib.suppress(ValueError):
             cdi.remove_spec(names.cdi_kind(self._driver, uid))
         self.checkpoint.remove(uid)
+        still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():
-            self._resources[resource].server.table.hold(ids, HOLD, False)
+            free = [i for i in ids if (resource, i) not in still]
+            self._resources[resource].server.table.hold(free, HOLD, False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
 
 
-async def read_claim(
-    cluster: Cluster, driver: str, namespace: str, uid: str, name: str
-) -> tuple[AllocatedDevice, ...]:
-    """The claim's devices of this driver, from the API server."""
+async def read_claim(cluster: Cluster, driver: str, namespace: str, uid: str, name: str) -> ClaimAllocation:
+    """The claim's allocation with only this driver's devices, from the API server."""
     try:
         allocation = await cluster.claim(namespace, name)
     except ClusterError as exc:
@@ -208,18 +246,18 @@ async def read_claim(
     mine = tuple(d for d in allocation.devices if d.driver == driver)
     if not mine:
         raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {driver}")
-    return mine
+    return replace(allocation, devices=mine)
 
 
 def pick(
     allocated: Sequence[AllocatedDevice],
     resources: Mapping[str, Attached],
     device_plugin_holds: Callable[[str], frozenset[str]],
-) -> dict[tuple[str, str], list[tuple[str, str]]]:
-    """The allocated devices by (resource, request): (DRA name, device ID) each, checked."""
+) -> dict[tuple[str, str], list[Picked]]:
+    """The allocated devices by (resource, request), each found and checked."""
     by_pool = {a.pool: a for a in resources.values()}
     named: dict[str, dict[str, Device]] = {}  # pool -> DRA device name -> device, built once a pool
-    picked: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    picked: dict[tuple[str, str], list[Picked]] = {}
     for device in allocated:
         attached = by_pool.get(device.pool)
         if attached is None:
@@ -234,7 +272,9 @@ def pick(
         resource = attached.server.name
         if found.id in device_plugin_holds(resource):
             raise _ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
-        picked.setdefault((resource, device.request), []).append((device.device, found.id))
+        picked.setdefault((resource, device.request), []).append(
+            Picked(device.device, found.id, device.admin_access)
+        )
     return picked
 
 

@@ -20,20 +20,46 @@ class ClusterError(Exception):
 
 @dataclass(frozen=True)
 class AllocatedDevice:
-    """One device the scheduler allocated to a claim, as the claim's status names it."""
+    """One device the scheduler allocated to a claim, as the claim's status names it.
+
+    ``request`` is ``request/subrequest`` when a prioritized list (``firstAvailable``) chose it.
+    """
 
     request: str
     driver: str
     pool: str
     device: str
+    admin_access: bool = False
+
+
+@dataclass(frozen=True)
+class OpaqueConfig:
+    """One opaque configuration of an allocation (its DeviceClasses' first, then the claim's).
+
+    ``requests`` empty: it applies to every request of the claim.
+    """
+
+    driver: str
+    parameters: Mapping[str, Any]
+    requests: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class ClaimAllocation:
-    """A ResourceClaim as the kubelet plugin reads it: its UID and allocated devices."""
+    """A ResourceClaim as the kubelet plugin reads it: its UID, allocated devices and configuration."""
 
     uid: str
     devices: tuple[AllocatedDevice, ...]
+    configs: tuple[OpaqueConfig, ...] = ()
+
+    def config(self, driver: str, request: str) -> OpaqueConfig | None:
+        """The configuration of ``driver`` that applies to ``request``: the last one naming it, its
+        main request (for ``main/sub``), or no request at all, in the API's order (later wins)."""
+        names = {request, request.partition("/")[0]}
+        for config in reversed(self.configs):
+            if config.driver == driver and (not config.requests or names & set(config.requests)):
+                return config
+        return None
 
 
 class Cluster(Protocol):

@@ -159,12 +159,12 @@ class DraDriver:
 
     async def stop(self) -> None:
         """Withdraw every resource and the slices, stop serving, remove both sockets."""
+        if self._publishing is not None:  # first: only the withdrawal below deletes the slices
+            self._publishing.cancel()
+            await asyncio.gather(self._publishing, return_exceptions=True)
         for name in list(self.resources):
             self.detach(name)
         await self.publisher.withdraw_all()
-        if self._publishing is not None:
-            self._publishing.cancel()
-            await asyncio.gather(self._publishing, return_exceptions=True)
         await self._stop_servers()
         self.log.info("DRA withdrawn")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from devicehost.hookspecs.types import Api, Resource
 from devicehost.host.config import HostConfig
 from devicehost.host.dra import names
 from devicehost.host.state import DraState, ResourceState
@@ -15,8 +16,6 @@ if TYPE_CHECKING:
     from devicehost.host.dra.cluster import Cluster
     from devicehost.host.dra.driver import DraDriver, DraSetup
     from devicehost.host.serving.resource import ResourceServer
-
-Api = Literal["device-plugin", "dra", "both"]
 
 
 def kube_cluster(config: HostConfig) -> Cluster:
@@ -47,17 +46,25 @@ class DraDrivers:
         self._cluster: Cluster | None = None
         self._holds = device_plugin_holds
         self.drivers: dict[str, DraDriver] = {}
-        self._by_resource: dict[str, DraDriver] = {}
+        self._by_resource: dict[str, tuple[DraDriver, Api]] = {}
         self._starting = asyncio.Lock()
 
-    def api(self, backend: str, resource: str) -> Api:
-        """``serve_through`` of the resource, else of its backend, else ``device-plugin``."""
+    def api(self, backend: str, resource: Resource) -> Api:
+        """The operator's ``serve_through`` of the resource, else of its backend, else what the
+        backend declared on the resource, else ``device-plugin``."""
         through = self._config.serve_through
-        return through.get(resource) or through.get(backend) or "device-plugin"
+        return through.get(resource.name) or through.get(backend) or resource.serve_through or "device-plugin"
 
-    async def attach(self, server: ResourceServer) -> None:
+    async def attach(self, server: ResourceServer, api: Api) -> None:
         """Serve ``server``'s resource through DRA too; a driver that cannot start is logged, and
         the resource keeps what else it is served through."""
+        if not self._config.node_name:
+            server.log.error(
+                "not served through DRA: node_name is unset (ResourceSlices belong to a node); "
+                "set it, --node-name, or DEVICEHOST_NODE_NAME",
+                serve_through=api,
+            )
+            return
         name = names.driver_name(server.name, self._config.dra_drivers)
         async with self._starting:  # resources start together: one driver per name, started once
             driver = self.drivers.get(name)
@@ -72,20 +79,21 @@ class DraDrivers:
                     return
                 self.drivers[name] = driver
         driver.attach(server)
-        self._by_resource[server.name] = driver
+        self._by_resource[server.name] = (driver, api)
 
     def detach(self, resource: str) -> None:
         """Stop publishing ``resource`` (its driver keeps serving: claims may still be unprepared)."""
-        driver = self._by_resource.pop(resource, None)
-        if driver is not None:
-            driver.detach(resource)
+        found = self._by_resource.pop(resource, None)
+        if found is not None:
+            found[0].detach(resource)
 
     def state(self, state: ResourceState) -> ResourceState:
         """``state`` with how its resource is served through DRA; registered as both APIs are."""
-        driver = self._by_resource.get(state.name)
-        if driver is None:
+        found = self._by_resource.get(state.name)
+        if found is None:
             return state
-        only = self.api(state.backend, state.name) == "dra"
+        driver, api = found
+        only = api == "dra"
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
         dra = DraState(driver.name, only, driver.registered, slice_name, prepared)

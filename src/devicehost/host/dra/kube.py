@@ -19,7 +19,7 @@ from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
 
 FIELD_MANAGER = "devicehost"
 NOT_FOUND = 404
@@ -53,13 +53,7 @@ class KubeCluster:
     async def claim(self, namespace: str, name: str) -> ClaimAllocation:
         with _errors(f"ResourceClaim {namespace}/{name}"):
             claim = await self._api().get(ResourceClaim, name, namespace=namespace)
-        uid = str(claim.metadata.uid if claim.metadata else "")
-        allocation = claim.status.allocation if claim.status else None
-        results = allocation.devices.results if allocation and allocation.devices else None
-        return ClaimAllocation(
-            uid,
-            tuple(AllocatedDevice(r.request, r.driver, r.pool, r.device) for r in results or ()),
-        )
+        return claim_allocation(claim.to_dict())
 
     async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
         found: dict[str, Mapping[str, Any]] = {}
@@ -94,6 +88,28 @@ class KubeCluster:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
+    """A ResourceClaim (as JSON) as the kubelet plugin reads it: UID, devices and opaque configs."""
+    allocation = claim.get("status", {}).get("allocation") or {}
+    devices = allocation.get("devices") or {}
+    return ClaimAllocation(
+        str(claim.get("metadata", {}).get("uid", "")),
+        tuple(
+            AllocatedDevice(
+                r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess", False))
+            )
+            for r in devices.get("results") or ()
+        ),
+        tuple(
+            OpaqueConfig(
+                c["opaque"]["driver"], c["opaque"].get("parameters") or {}, tuple(c.get("requests") or ())
+            )
+            for c in devices.get("config") or ()
+            if c.get("opaque")
+        ),
+    )
 
 
 def _mine(node: str, driver: str) -> dict[str, Any]:

@@ -49,3 +49,9 @@ def slice_name(node: str, driver: str, resource: str) -> str:
 def cdi_kind(driver: str, claim_uid: str) -> str:
     """The CDI kind of one claim's spec: names unique per claim, so no runtime cache mixes claims."""
     return f"{driver}/claim-{claim_uid}"
+
+
+def cdi_device_name(request: str, resource: str) -> str:
+    """The CDI device of one request in a claim's spec: ``<request>.<class>``; a subrequest of a
+    prioritized list (``gpu/older``) becomes ``gpu_older`` (request names are DNS labels: no ``_``)."""
+    return f"{request.replace('/', '_')}.{device_name(resource.partition('/')[2])}"

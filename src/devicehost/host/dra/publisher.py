@@ -34,6 +34,8 @@ class Publisher:
         self._node = node
         self._driver = driver
         self._wanted: dict[str, dict[str, Any]] = {}
+        self._generations: dict[str, int] = {}
+        """The last pool generation written per slice: one deleted by someone else comes back newer."""
         self._owner: tuple[str, str] | None = None
         self._dirty = asyncio.Event()
         self._synced = asyncio.Event()
@@ -111,19 +113,24 @@ class Publisher:
 
     async def _write(self, name: str, spec: dict[str, Any], current: Mapping[str, Any] | None) -> None:
         assert self._owner is not None
+        last = self._generations.get(name, 0)
         if current is None:
-            body = slice_body(name, self._owner, _with_generation(spec, 1))
+            body = slice_body(name, self._owner, _with_generation(spec, last + 1))
             await self._cluster.create_slice(body)
+            self._generations[name] = last + 1
             self.writes += 1
-            self.log.info("ResourceSlice published", slice=name, devices=len(spec["devices"]))
+            self.log.info(
+                "ResourceSlice published", slice=name, devices=len(spec["devices"]), generation=last + 1
+            )
             return
         if same_devices(dict(current.get("spec", {})), spec):
             return
-        generation = int(current.get("spec", {}).get("pool", {}).get("generation", 0)) + 1
+        generation = max(last, int(current.get("spec", {}).get("pool", {}).get("generation", 0))) + 1
         version = str(current.get("metadata", {}).get("resourceVersion", ""))
         await self._cluster.replace_slice(
             slice_body(name, self._owner, _with_generation(spec, generation), version)
         )
+        self._generations[name] = generation
         self.writes += 1
         self.log.info(
             "ResourceSlice updated", slice=name, devices=len(spec["devices"]), generation=generation

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from devicehost.hookspecs.types import Device, Health
+from devicehost.hookspecs.types import Device, Health, Version
 from devicehost.host.dra.cluster import SLICE_API_VERSION
 from devicehost.host.dra.names import device_name
 
@@ -24,12 +24,19 @@ def device_entry(device: Device) -> dict[str, Any]:
     if device.group is not None:
         attributes["group"] = {"string": device.group}
     for name, value in device.attributes.items():
-        kind = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "string"
-        attributes[name] = {kind: value}
+        attributes[name] = {_attribute_kind(value): value}
     entry: dict[str, Any] = {"name": device_name(device.id), "attributes": attributes}
     if device.capacity:
         entry["capacity"] = {name: {"value": str(value)} for name, value in device.capacity.items()}
     return entry
+
+
+def _attribute_kind(value: bool | int | str) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    return "version" if isinstance(value, Version) else "string"
 
 
 def slice_spec(node: str, driver: str, pool: str, devices: Iterable[Device]) -> dict[str, Any]:
