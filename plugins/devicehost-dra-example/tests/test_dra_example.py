@@ -1,0 +1,187 @@
+"""The port, through the real host: what the reference's e2e suite checks, read from the CDI spec
+the host writes for each claim (the container runtime injects exactly that), over real gRPC with
+the in-memory API server. The same scenarios run on the real cluster in tests/e2e."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from devicehost.host.dra.drivers import DraDrivers
+from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
+from devicehost.testing.host import running_host
+from devicehost_dra_example import DRIVER, RESOURCE, DraExampleBackend, Settings, gpu_uuids
+from devicehost_dra_example.config import GpuConfig
+
+TIME_SLICING = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="dre-", dir="/tmp") as tmp:
+        (Path(tmp) / "registry").mkdir()
+        (Path(tmp) / "dp").mkdir()
+        yield Path(tmp)
+
+
+@asynccontextmanager
+async def served(root: Path, cluster: ClusterStandIn, backend: DraExampleBackend) -> AsyncIterator[str]:
+    """The host serving the port with no serve_through set: the backend's own default (dra) holds."""
+    async with running_host(
+        root / "dp",
+        {"dra-example": backend},
+        cluster=cluster,
+        node_name="node-a",
+        backends={"dra-example": {"node_name": "node-a"}},
+        dra_plugins_dir=root / "plugins",
+        plugins_registry_dir=root / "registry",
+        cdi_dir=root / "cdi",
+        device_release=False,
+    ):
+        await cluster.wait(lambda c: len(c.stored) == 1)
+        (socket,) = (root / "registry").glob(f"devicehost-{DRIVER}-*.sock")
+        yield (await registered_endpoint(socket)).endpoint
+
+
+def container_env(root: Path, cdi_ids: list[str]) -> dict[str, str]:
+    """What a container given ``cdi_ids`` sees: the env edits of those devices in the claim's spec."""
+    env: dict[str, str] = {}
+    for spec_file in (root / "cdi").glob("*.json"):
+        spec = json.loads(spec_file.read_text())
+        for device in spec["devices"]:
+            if f"{spec['kind']}={device['name']}" in cdi_ids:
+                env |= dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+    return env
+
+
+async def prepared_env(root: Path, where: str, ref: tuple[str, str, str]) -> dict[str, str]:
+    answer = (await prepare(where, [ref])).claims[ref[1]]
+    assert answer.error == ""
+    return container_env(root, [i for d in answer.devices for i in d.cdi_device_ids])
+
+
+def gpus(env: dict[str, str]) -> list[str]:
+    return sorted(v for k, v in env.items() if k.startswith("GPU_DEVICE_") and v.startswith("gpu-"))
+
+
+async def test_publishes_the_reference_gpus_through_dra_by_default(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with served(root, cluster, DraExampleBackend()):
+        (body,) = cluster.stored.values()
+    spec = body["spec"]
+    assert spec["driver"] == DRIVER
+    assert [d["name"] for d in spec["devices"]] == [f"gpu-{i}" for i in range(8)]
+    first = spec["devices"][0]
+    assert first["attributes"]["index"] == {"int": 0}
+    assert first["attributes"]["model"] == {"string": "LATEST-GPU-MODEL"}
+    assert first["attributes"]["driverVersion"] == {"version": "1.0.0"}
+    assert first["attributes"]["uuid"] == {"string": gpu_uuids("node-a", 8)[0]}
+    assert first["capacity"] == {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}
+
+
+async def test_one_distinct_gpu_per_claim_with_time_slicing_by_default(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with served(root, cluster, DraExampleBackend()) as where:
+        envs = [await prepared_env(root, where, cluster.allocate(DRIVER, request="gpu")) for _ in range(2)]
+    assert [len(gpus(e)) for e in envs] == [1, 1]
+    assert gpus(envs[0]) != gpus(envs[1])
+    for env in envs:
+        (key,) = [k for k, v in env.items() if v.startswith("gpu-") and k.startswith("GPU_DEVICE_")]
+        assert env[f"{key}_SHARING_STRATEGY"] == "TimeSlicing"
+        assert env[f"{key}_TIMESLICE_INTERVAL"] == "Default"
+        assert env["DRA_ADMIN_ACCESS"] == "false"
+        assert env["DRA_RESOURCE_DRIVER_NAME"] == DRIVER
+
+
+async def test_claim_config_selects_space_partitioning(root: Path) -> None:
+    cluster = ClusterStandIn()
+    config = TIME_SLICING | {
+        "sharing": {"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 10}}
+    }
+    async with served(root, cluster, DraExampleBackend()) as where:
+        env = await prepared_env(root, where, cluster.allocate(DRIVER, request="sp-gpu", config=config))
+    (gpu,) = gpus(env)
+    key = f"GPU_DEVICE_{gpu.removeprefix('gpu-')}"
+    assert (env[f"{key}_SHARING_STRATEGY"], env[f"{key}_PARTITION_COUNT"]) == ("SpacePartitioning", "10")
+
+
+async def test_a_refused_config_fails_the_claim_naming_the_key_and_allocates_nothing(root: Path) -> None:
+    cluster = ClusterStandIn()
+    config = TIME_SLICING | {
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Often"}}
+    }
+    async with served(root, cluster, DraExampleBackend()) as where:
+        ref = cluster.allocate(DRIVER, request="ts-gpu", config=config)
+        error = (await prepare(where, [ref])).claims[ref[1]].error
+        assert "request 'ts-gpu'" in error
+        assert "parameters.sharing.timeSlicingConfig.interval" in error
+        assert not list((root / "cdi").glob("*claim*"))
+        good = cluster.allocate(DRIVER, request="gpu")
+        assert (await prepare(where, [good])).claims[good[1]].error == ""  # the next claim is served
+
+
+async def test_admin_access_is_in_the_env_and_shares_a_held_gpu(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with served(root, cluster, DraExampleBackend()) as where:
+        normal = cluster.allocate(DRIVER, request="gpu", devices=["gpu-0"])
+        admin = cluster.allocate(DRIVER, request="gpu", devices=["gpu-0"], admin_access=True)
+        assert gpus(await prepared_env(root, where, normal)) == ["gpu-0"]
+        env = await prepared_env(root, where, admin)
+        assert (gpus(env), env["DRA_ADMIN_ACCESS"]) == (["gpu-0"], "true")
+        assert (await unprepare(where, [admin])).claims[admin[1]].error == ""
+
+
+async def test_a_subrequest_chosen_from_a_prioritized_list_is_prepared(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with served(root, cluster, DraExampleBackend()) as where:
+        ref = cluster.allocate(DRIVER, request="gpu/older-gpu")
+        answer = (await prepare(where, [ref])).claims[ref[1]]
+        assert answer.error == ""
+        assert [list(d.request_names) for d in answer.devices] == [["gpu/older-gpu"]]
+        assert answer.devices[0].cdi_device_ids == [f"{DRIVER}/claim-{ref[1]}=gpu_older-gpu.gpu"]
+
+
+def test_config_model_refuses_what_the_reference_refuses() -> None:
+    GpuConfig.model_validate(TIME_SLICING)
+    for bad in (
+        {"sharing": {"strategy": "Fastest"}},
+        {"sharing": {"strategy": "TimeSlicing", "spacePartitioningConfig": {"partitionCount": 2}}},
+        {"sharing": {"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": -1}}},
+        {"sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Often"}}},
+        {"extra": 1},
+    ):
+        with pytest.raises(ValidationError):
+            GpuConfig.model_validate(TIME_SLICING | bad)
+
+
+def test_through_the_device_plugin_api_it_answers_without_a_claim() -> None:
+    backend = DraExampleBackend()
+    backend.devicehost_configure(Settings(num_gpus=2, node_name="n"))
+    env: dict[str, Any] = dict(backend.devicehost_allocate(RESOURCE, ("gpu-1",), None).envs)
+    assert env["GPU_DEVICE_1"] == "gpu-1"
+    assert "DRA_ADMIN_ACCESS" not in env
+    with pytest.raises(ValueError, match="gpu-2"):
+        backend.devicehost_allocate(RESOURCE, ("gpu-2",), None)
+
+
+def test_an_operators_serve_through_wins_over_the_backends_default() -> None:
+    from devicehost.host.config import HostConfig
+
+    (resource,) = DraExampleBackend().devicehost_discover()
+    drivers = DraDrivers(
+        HostConfig(serve_through={"dra-example": "both"}, node_name="n"),
+        "t",
+        device_plugin_holds=lambda r: frozenset(),
+    )
+    assert drivers.api("dra-example", resource) == "both"
+    assert (
+        DraDrivers(HostConfig(), "t", device_plugin_holds=lambda r: frozenset()).api("dra-example", resource)
+        == "dra"
+    )
