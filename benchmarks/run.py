@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from benchmarks import allocate, coldstart, health, idle, realkubelet, restart, scale, soak, throughput
+from benchmarks.dra_prepare import measure as dra_prepare
 from benchmarks.figures import Figure
 from benchmarks.procs import compile_sources
 from benchmarks.settings import MODES, Settings
@@ -39,6 +40,7 @@ MEASUREMENTS: dict[str, Measure] = {
     "throughput": throughput.measure,
     "kubelet": realkubelet.measure,
     "idle": idle.measure,
+    "dra_prepare": dra_prepare,
 }
 PACKAGES = ("devicehost", "devicehost-example", "grpcio", "protobuf", "pluggy", "structlog", "asyncinotify")
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "results.json"
