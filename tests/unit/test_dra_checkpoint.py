@@ -1,0 +1,141 @@
+"""The prepared-claims checkpoint: survives a restart, written atomically, unreadable said in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from devicehost.host.dra import checkpoint as checkpoint_module
+from devicehost.host.dra.checkpoint import CHECKPOINT_VERSION, Checkpoint, PreparedClaim, PreparedDevice
+
+
+def device(
+    device_id: str, request: str = "gpu", admin: bool = False, cdi: tuple[str, ...] = ()
+) -> PreparedDevice:
+    return PreparedDevice(request, "n/widget", device_id, "example.com/widget", device_id, cdi, admin)
+
+
+def claim(uid: str, *devices: PreparedDevice) -> PreparedClaim:
+    return PreparedClaim(uid, "default", f"claim-{uid}", devices)
+
+
+def test_claims_come_back_from_the_file_as_they_were(tmp_path: Path) -> None:
+    path = tmp_path / "dir" / "claims.json"  # the directory is made on the first write
+    first = Checkpoint(path)
+    one = claim("u1", device("w0", "gpu/older", cdi=("example.com/claim-u1=gpu_older.widget",)), device("w1"))
+    two = claim("u2", device("w0", admin=True))
+    first.add(one)
+    first.add(two)
+    again = Checkpoint(path)
+    assert again.load() is None
+    assert again.claims == {"u1": one, "u2": two}
+    assert again.claims["u1"].devices[0].cdi_ids == (
+        "example.com/claim-u1=gpu_older.widget",
+    )  # a tuple again
+    assert again.claims["u2"].devices[0].admin_access is True
+    first.remove("u1")
+    third = Checkpoint(path)
+    assert third.load() is None
+    assert third.claims == {"u2": two}
+
+
+def test_the_file_is_replaced_whole_never_written_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "claims.json"
+    kept = Checkpoint(path)
+    kept.add(claim("u1", device("w0")))
+    before = path.read_text()
+
+    def crash(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        kept.add(claim("u2", device("w1")))
+    assert path.read_text() == before  # a crash mid-write leaves the old file
+    assert [p.name for p in tmp_path.iterdir()] == ["claims.json"]  # and no temporary file behind
+
+
+def test_a_missing_file_is_no_claims(tmp_path: Path) -> None:
+    found = Checkpoint(tmp_path / "none.json")
+    found.claims = {"stale": claim("stale")}
+    assert found.load() is None
+    assert found.claims == {}
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (json.dumps({"version": 99, "claims": {}}), "version 99 is not 1"),
+        (json.dumps({"claims": {}}), "version None is not 1"),
+        ("{not json", "unreadable (JSONDecodeError"),
+        (json.dumps({"version": CHECKPOINT_VERSION, "claims": {"u": {"name": "n"}}}), "unreadable (KeyError"),
+        (json.dumps({"version": CHECKPOINT_VERSION, "claims": []}), "unreadable (AttributeError"),
+        (json.dumps([1]), "unreadable (AttributeError"),
+    ],
+)
+def test_an_unreadable_file_is_one_line_naming_it(tmp_path: Path, content: str, said: str) -> None:
+    path = tmp_path / "claims.json"
+    path.write_text(content)
+    problem = Checkpoint(path).load()
+    assert problem is not None
+    assert problem.startswith(f"{path}: ")
+    assert said in problem
+    assert "\n" not in problem
+
+
+def test_a_directory_in_its_place_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "claims.json").mkdir()
+    problem = Checkpoint(tmp_path / "claims.json").load()
+    assert problem is not None
+    assert "unreadable (IsADirectoryError" in problem
+    assert "\n" not in problem
+
+
+def test_a_file_from_before_admin_access_loads(tmp_path: Path) -> None:
+    path = tmp_path / "claims.json"
+    old_device = {
+        "request": "gpu",
+        "pool": "n/widget",
+        "device": "w0",
+        "resource": "example.com/widget",
+        "device_id": "w0",
+        "cdi_ids": ["example.com/claim-u1=gpu.widget"],
+    }
+    path.write_text(
+        json.dumps(
+            {"version": 1, "claims": {"u1": {"namespace": "default", "name": "c", "devices": [old_device]}}}
+        )
+    )
+    loaded = Checkpoint(path)
+    assert loaded.load() is None
+    (only,) = loaded.claims["u1"].devices
+    assert only.admin_access is False
+    assert only.cdi_ids == ("example.com/claim-u1=gpu.widget",)
+
+
+def test_held_leaves_out_the_claim_named(tmp_path: Path) -> None:
+    found = Checkpoint(tmp_path / "claims.json")
+    found.add(claim("normal", device("w0"), device("w1")))
+    found.add(claim("admin", device("w0", admin=True)))
+    widget = "example.com/widget"
+    assert found.held() == {(widget, "w0"), (widget, "w1")}
+    assert found.held(but="normal") == {(widget, "w0")}  # the admin claim still holds w0
+    assert found.held(but="admin") == {(widget, "w0"), (widget, "w1")}
+    found.remove("admin")
+    assert found.held(but="normal") == set()
+
+
+def test_by_resource_groups_in_order() -> None:
+    other = PreparedDevice("b", "n/gizmo", "g0", "example.com/gizmo", "g0", ())
+    found = claim("u", device("w1"), other, device("w0"))
+    assert found.by_resource() == {"example.com/widget": ("w1", "w0"), "example.com/gizmo": ("g0",)}
+
+
+def test_removing_an_unknown_claim_writes_nothing(tmp_path: Path) -> None:
+    found = Checkpoint(tmp_path / "claims.json")
+    found.remove("nobody")
+    assert not (tmp_path / "claims.json").exists()

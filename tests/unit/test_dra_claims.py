@@ -1,0 +1,404 @@
+"""Preparing and unpreparing claims (``host/dra/claims.py``) with a fake API server, a real
+checkpoint, and a real Backend and DeviceTable behind a fake resource server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from drafakes import (
+    CountingCluster,
+    FakeServer,
+    ModelRecorder,
+    Recorder,
+    attached,
+    fake_server,
+    holds_of,
+    no_holds,
+)
+from pydantic import BaseModel, ConfigDict
+
+from devicehost import Device, Health, cdi
+from devicehost.hookspecs import rules
+from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
+from devicehost.host.dra.claims import Claims
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, OpaqueConfig
+
+DRIVER = "example.com"
+WIDGET = "example.com/widget"
+POOL = "node-a/widget"
+
+
+class Sharing(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    interval: int = 1
+
+
+class GpuConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    strategy: Literal["TimeSlicing", "SpacePartitioning"] = "TimeSlicing"
+    sharing: Sharing = Sharing()
+
+
+@pytest.fixture
+def cdi_dir(tmp_path: Path) -> Iterator[Path]:
+    previous = cdi.default_dir()
+    cdi.set_default_dir(tmp_path / "cdi")
+    yield tmp_path / "cdi"
+    cdi.set_default_dir(previous)
+
+
+class Rig:
+    """One driver's Claims over one widget resource, and the claims on the fake API server."""
+
+    def __init__(
+        self, cluster: CountingCluster, claims: Claims, server: FakeServer, plugin: Recorder
+    ) -> None:
+        self.cluster = cluster
+        self.claims = claims
+        self.server = server
+        self.plugin = plugin
+
+    def claim(
+        self,
+        name: str,
+        *devices: tuple[str, str],
+        configs: tuple[OpaqueConfig, ...] = (),
+        admin: bool = False,
+        pool: str = POOL,
+        driver: str = DRIVER,
+    ) -> tuple[str, str, str]:
+        """A claim of (request, device) devices as the scheduler allocates it; its (ns, uid, name)."""
+        uid = f"uid-{name}"
+        allocated = tuple(AllocatedDevice(r, driver, pool, d, admin) for r, d in devices)
+        self.cluster.claims[("default", name)] = ClaimAllocation(uid, allocated, configs)
+        return "default", uid, name
+
+    async def prepared(self, *refs: tuple[str, str, str]) -> list[PreparedClaim]:
+        """Prepare ``refs`` in one call; every one must have prepared."""
+        answers = await self.claims.prepare(refs)
+        for ref in refs:
+            assert isinstance(answers[ref[1]], PreparedClaim), answers[ref[1]]
+        return [answers[ref[1]] for ref in refs]  # type: ignore[misc]
+
+    def advertised_unhealthy(self) -> set[str]:
+        return {d.id for d in self.server.table.advertised() if d.health is Health.UNHEALTHY}
+
+
+@asynccontextmanager
+async def rig_of(
+    tmp_path: Path,
+    plugin: Recorder | None = None,
+    devices: list[Device] | None = None,
+    holds: dict[str, frozenset[str]] | None = None,
+) -> AsyncIterator[Rig]:
+    plugin = plugin or Recorder()
+    async with AsyncExitStack() as stack:
+        server = stack.enter_context(fake_server(plugin, devices or [Device(f"w{n}") for n in range(4)]))
+        cluster = CountingCluster()
+        checkpoint = Checkpoint(tmp_path / "driver" / "claims.json")
+        assert checkpoint.load() is None
+        claims = Claims(
+            DRIVER,
+            cluster,
+            checkpoint,
+            {WIDGET: attached(server, POOL)},
+            holds_of(holds) if holds else no_holds,
+        )
+        yield Rig(cluster, claims, server, plugin)
+
+
+def asked(plugin: Recorder) -> list[tuple[tuple[str, ...], str, Any, bool]]:
+    """Each allocate call as (device IDs, request name, config, admin access)."""
+    found = []
+    for _, ids, claim in plugin.allocated:
+        assert claim is not None
+        found.append((ids, claim.name, claim.config, claim.admin_access))
+    return found
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+async def test_each_request_gets_its_configuration_in_api_order(tmp_path: Path, cdi_dir: Path) -> None:
+    configs = (
+        OpaqueConfig(DRIVER, {"from": "class"}),  # a DeviceClass's: every request
+        OpaqueConfig(DRIVER, {"from": "claim, gpu"}, ("gpu",)),
+        OpaqueConfig("other.org", {"from": "another driver"}),  # later, but not this driver's
+        OpaqueConfig(DRIVER, {"from": "claim, gpu, last"}, ("gpu",)),  # later wins
+        OpaqueConfig(DRIVER, {"from": "claim, fallback"}, ("fallback",)),  # names the main request
+    )
+    async with rig_of(tmp_path) as rig:
+        ref = rig.claim("c", ("gpu", "w0"), ("aux", "w1"), ("fallback/older", "w2"), configs=configs)
+        await rig.prepared(ref)
+        assert asked(rig.plugin) == [
+            (("w0",), "gpu", {"from": "claim, gpu, last"}, False),
+            (("w1",), "aux", {"from": "class"}, False),
+            (("w2",), "fallback/older", {"from": "claim, fallback"}, False),
+        ]
+        (_, _, first) = rig.plugin.allocated[0]
+        assert first is not None
+        assert (first.claim, first.uid) == ("default/c", "uid-c")
+
+
+async def test_a_request_no_config_names_gets_none(tmp_path: Path, cdi_dir: Path) -> None:
+    async with rig_of(tmp_path) as rig:
+        ref = rig.claim("c", ("gpu", "w0"), configs=(OpaqueConfig(DRIVER, {"x": 1}, ("other",)),))
+        await rig.prepared(ref)
+        assert asked(rig.plugin) == [(("w0",), "gpu", None, False)]
+
+
+async def test_the_backends_model_checks_the_config_and_reaches_the_hook(
+    tmp_path: Path, cdi_dir: Path
+) -> None:
+    plugin = ModelRecorder(config_model=GpuConfig)
+    async with rig_of(tmp_path, plugin) as rig:
+        params = {"strategy": "SpacePartitioning", "sharing": {"interval": 3}}
+        ref = rig.claim("c", ("gpu", "w0"), configs=(OpaqueConfig(DRIVER, params),))
+        await rig.prepared(ref)
+        ((_, _, claim),) = plugin.allocated
+        assert claim is not None
+        assert claim.config == GpuConfig(strategy="SpacePartitioning", sharing=Sharing(interval=3))
+
+
+async def test_a_config_the_model_refuses_fails_that_claim_only(tmp_path: Path, cdi_dir: Path) -> None:
+    plugin = ModelRecorder(config_model=GpuConfig)
+    async with rig_of(tmp_path, plugin) as rig:
+        bad = rig.claim(
+            "bad",
+            ("gpu", "w0"),
+            configs=(OpaqueConfig(DRIVER, {"sharing": {"interval": "often"}}, ("gpu",)),),
+        )
+        good = rig.claim("good", ("gpu", "w1"), configs=(OpaqueConfig(DRIVER, {"strategy": "TimeSlicing"}),))
+        answers = await rig.claims.prepare([bad, good])
+        error = answers[bad[1]]
+        assert isinstance(error, str)
+        assert "request 'gpu'" in error
+        assert "parameters.sharing.interval" in error  # the key path
+        assert "\n" not in error
+        assert isinstance(answers[good[1]], PreparedClaim)
+        assert [ids for _, ids, _ in plugin.allocated] == [("w1",)]  # no allocate hook for the bad one
+        assert plugin.released == []
+        assert set(rig.claims.checkpoint.claims) == {good[1]}
+        assert rig.advertised_unhealthy() == {"w1"}
+
+
+async def test_an_unknown_config_key_is_named(tmp_path: Path, cdi_dir: Path) -> None:
+    plugin = ModelRecorder(config_model=GpuConfig)
+    async with rig_of(tmp_path, plugin) as rig:
+        ref = rig.claim("c", ("gpu/older", "w0"), configs=(OpaqueConfig(DRIVER, {"stratgy": "TimeSlicing"}),))
+        error = (await rig.claims.prepare([ref]))[ref[1]]
+        assert isinstance(error, str)
+        assert "request 'gpu/older'" in error
+        assert "parameters.stratgy" in error
+        assert "strategy" in error
+        assert plugin.allocated == []
+
+
+# -- admin access --------------------------------------------------------------------------
+
+
+async def test_admin_access_reaches_the_hook(tmp_path: Path, cdi_dir: Path) -> None:
+    async with rig_of(tmp_path) as rig:
+        admin = rig.claim("admin", ("gpu", "w0"), admin=True)
+        normal = rig.claim("normal", ("gpu", "w1"))
+        await rig.prepared(admin, normal)
+        assert [(ids, flag) for ids, _, _, flag in asked(rig.plugin)] == [(("w0",), True), (("w1",), False)]
+        assert rig.claims.checkpoint.claims[admin[1]].devices[0].admin_access is True
+
+
+@pytest.mark.parametrize("first_gone", ["admin", "normal"])
+async def test_a_shared_device_is_released_once_by_its_last_holder(
+    tmp_path: Path, cdi_dir: Path, first_gone: str
+) -> None:
+    """Issue 24: deleting the admin pod scrubbed widget-0 while the normal claim still held it."""
+    async with rig_of(tmp_path) as rig:
+        refs = {
+            "normal": rig.claim("normal", ("gpu", "w0")),
+            "admin": rig.claim("admin", ("gpu", "w0"), admin=True),
+        }
+        await rig.prepared(refs["normal"])
+        await rig.prepared(refs["admin"])
+        assert rig.advertised_unhealthy() == {"w0"}
+        last_gone = "normal" if first_gone == "admin" else "admin"
+
+        assert await rig.claims.unprepare([refs[first_gone]]) == {refs[first_gone][1]: ""}
+        assert rig.plugin.released == []  # the other claim still holds w0
+        assert rig.advertised_unhealthy() == {"w0"}  # and the device plugin side still may not hand it out
+        assert set(rig.claims.checkpoint.claims) == {refs[last_gone][1]}
+
+        assert await rig.claims.unprepare([refs[last_gone]]) == {refs[last_gone][1]: ""}
+        assert rig.plugin.released == [(WIDGET, ("w0",))]
+        assert rig.advertised_unhealthy() == set()
+        assert rig.claims.checkpoint.claims == {}
+
+
+async def test_claims_sharing_a_device_in_one_unprepare_release_it_once(
+    tmp_path: Path, cdi_dir: Path
+) -> None:
+    async with rig_of(tmp_path) as rig:
+        normal = rig.claim("normal", ("gpu", "w0"), ("gpu", "w1"))
+        admin = rig.claim("admin", ("gpu", "w0"), admin=True)
+        await rig.prepared(normal, admin)
+        await rig.claims.unprepare([admin, normal])
+        assert rig.plugin.released == [(WIDGET, ("w0", "w1"))]
+
+
+async def test_a_failed_prepare_never_releases_a_device_another_claim_holds(
+    tmp_path: Path, cdi_dir: Path
+) -> None:
+    plugin = Recorder()
+    async with rig_of(tmp_path, plugin) as rig:
+        normal = rig.claim("normal", ("gpu", "w0"))
+        await rig.prepared(normal)
+        plugin.answers["w1"] = "not an allocation"
+        admin = rig.claim("admin", ("a", "w0"), ("b", "w1"), admin=True)  # w0 allocated, then w1 fails
+        assert isinstance((await rig.claims.prepare([admin]))[admin[1]], str)
+        assert plugin.released == []  # w0 stays with the normal claim, unscrubbed
+
+
+# -- what the backend answers ---------------------------------------------------------------
+
+
+async def test_an_allocate_answer_breaking_the_contract_fails_its_claim_naming_the_rule(
+    tmp_path: Path, cdi_dir: Path
+) -> None:
+    """Issue 24: a dict answer was an AttributeError for the whole batch, naming no rule."""
+    plugin = Recorder()
+    plugin.answers["w1"] = {"envs": {"A": "1"}}
+    async with rig_of(tmp_path, plugin) as rig:
+        good = rig.claim("good", ("gpu", "w0"))
+        bad = rig.claim("bad", ("gpu", "w1"))
+        later = rig.claim("later", ("gpu", "w2"))
+        answers = await rig.claims.prepare([good, bad, later])
+        error = answers[bad[1]]
+        assert isinstance(error, str)
+        assert "devicehost_allocate" in error
+        assert "returned dict, expected ContainerAllocation" in error
+        assert isinstance(answers[good[1]], PreparedClaim)
+        assert isinstance(answers[later[1]], PreparedClaim)
+        assert set(rig.claims.checkpoint.claims) == {good[1], later[1]}
+
+
+async def test_an_allocate_hook_that_raises_fails_its_claim_only(tmp_path: Path, cdi_dir: Path) -> None:
+    plugin = Recorder()
+    plugin.answers["w1"] = RuntimeError("w1 is broken")
+    async with rig_of(tmp_path, plugin) as rig:
+        bad, good = rig.claim("bad", ("gpu", "w1")), rig.claim("good", ("gpu", "w0"))
+        answers = await rig.claims.prepare([bad, good])
+        assert "raised RuntimeError: w1 is broken" in str(answers[bad[1]])
+        assert isinstance(answers[good[1]], PreparedClaim)
+
+
+# -- CDI and the checkpoint -----------------------------------------------------------------
+
+
+async def test_a_subrequest_is_prepared_under_a_valid_cdi_name(tmp_path: Path, cdi_dir: Path) -> None:
+    async with rig_of(tmp_path) as rig:
+        ref = rig.claim("c", ("gpu/older", "w0"))
+        (claim,) = await rig.prepared(ref)
+        kind = f"{DRIVER}/claim-{ref[1]}"
+        ((device),) = claim.devices
+        assert device.request == "gpu/older"
+        assert device.cdi_ids == (f"{kind}=gpu_older.widget",)
+        assert rules.cdi_name_problem(device.cdi_ids[0]) is None
+        spec = json.loads(cdi.spec_path(kind).read_text())
+        assert spec["kind"] == kind
+        assert [d["name"] for d in spec["devices"]] == ["gpu_older.widget"]
+        assert {"IDS=w0"} <= set(spec["devices"][0]["containerEdits"]["env"])
+        saved = Checkpoint(rig.claims.checkpoint.path)
+        assert saved.load() is None
+        assert saved.claims[ref[1]].devices[0].request == "gpu/older"
+
+
+async def test_unprepare_releases_removes_the_spec_and_forgets_the_claim(
+    tmp_path: Path, cdi_dir: Path
+) -> None:
+    async with rig_of(tmp_path) as rig:
+        ref = rig.claim("c", ("gpu", "w0"), ("gpu", "w1"))
+        await rig.prepared(ref)
+        kind = f"{DRIVER}/claim-{ref[1]}"
+        assert cdi.spec_path(kind).exists()
+        assert rig.claims.held(WIDGET) == ("w0", "w1")
+        assert await rig.claims.unprepare([ref]) == {ref[1]: ""}
+        assert rig.plugin.released == [(WIDGET, ("w0", "w1"))]
+        assert not cdi.spec_path(kind).exists()
+        assert rig.claims.held(WIDGET) == ()
+        assert await rig.claims.unprepare([ref]) == {ref[1]: ""}  # asked again: nothing more to undo
+        assert rig.plugin.released == [(WIDGET, ("w0", "w1"))]
+
+
+async def test_a_claim_prepared_twice_answers_the_same_without_a_second_allocate(
+    tmp_path: Path, cdi_dir: Path
+) -> None:
+    async with rig_of(tmp_path) as rig:
+        ref = rig.claim("c", ("gpu", "w0"))
+        (first,) = await rig.prepared(ref)
+        reads = rig.cluster.calls["claim"]
+        (second,) = await rig.prepared(ref)
+        assert second == first
+        assert len(rig.plugin.allocated) == 1
+        assert rig.cluster.calls["claim"] == reads  # not even read again
+
+        restarted = Claims(  # a host restart: the same checkpoint file, a new Claims
+            DRIVER,
+            rig.cluster,
+            Checkpoint(rig.claims.checkpoint.path),
+            {WIDGET: attached(rig.server, POOL)},
+            no_holds,
+        )
+        assert restarted.checkpoint.load() is None
+        assert (await restarted.prepare([ref]))[ref[1]] == first
+        assert len(rig.plugin.allocated) == 1
+
+
+# -- claims refused -------------------------------------------------------------------------
+
+
+async def test_each_bad_claim_is_refused_alone_with_a_one_line_reason(tmp_path: Path, cdi_dir: Path) -> None:
+    devices = [Device("w0"), Device("w1"), Device("w2", Health.UNHEALTHY), Device("w3")]
+    async with rig_of(tmp_path, devices=devices, holds={WIDGET: frozenset({"w3"})}) as rig:
+        refused = {
+            rig.claim(
+                "other-driver", ("gpu", "w0"), driver="other.org"
+            ): "has no devices of driver example.com",
+            rig.claim(
+                "unknown-pool", ("gpu", "w0"), pool="node-b/widget"
+            ): "pool 'node-b/widget' is not served",
+            rig.claim("unknown-device", ("gpu", "w9")): "device 'w9' is not in pool 'node-a/widget'",
+            rig.claim("unhealthy", ("gpu", "w2")): "device 'w2' of pool 'node-a/widget' is unhealthy",
+            rig.claim("device-plugin", ("gpu", "w3")): "'w3' is allocated through the device plugin",
+            ("default", "uid-missing", "missing"): "reading ResourceClaim default/missing",
+            ("default", "uid-stale", "c-good"): "has UID uid-c-good, not uid-stale",
+        }
+        good = rig.claim("c-good", ("gpu", "w0"), ("gpu", "w1"))
+        mixed = rig.claim("mixed", ("gpu", "w1"), ("gpu", "w9"))  # one good, one unknown device
+        answers = await rig.claims.prepare([*refused, good, mixed])
+        for ref, reason in refused.items():
+            error = answers[ref[1]]
+            assert isinstance(error, str), ref
+            assert reason in error, (ref, error)
+            assert "\n" not in error
+        assert "device 'w9'" in str(answers[mixed[1]])
+        assert isinstance(answers[good[1]], PreparedClaim)
+        assert [ids for _, ids, _ in rig.plugin.allocated] == [("w0", "w1")]  # only the good claim's
+        assert set(rig.claims.checkpoint.claims) == {good[1]}
+
+
+async def test_a_claim_whose_later_request_fails_gives_back_what_it_allocated(
+    tmp_path: Path, cdi_dir: Path
+) -> None:
+    plugin = Recorder()
+    plugin.answers["w1"] = 42
+    async with rig_of(tmp_path, plugin) as rig:
+        ref = rig.claim("c", ("a", "w0"), ("b", "w1"))
+        error = (await rig.claims.prepare([ref]))[ref[1]]
+        assert "returned int" in str(error)
+        assert plugin.released == [(WIDGET, ("w0",))]
+        assert rig.claims.checkpoint.claims == {}
+        assert rig.advertised_unhealthy() == set()
+        assert list(cdi_dir.glob("*.json")) == []
