@@ -1,0 +1,143 @@
+"""kube.py off the cluster: a ResourceClaim's JSON as the kubelet plugin reads it, and the API
+client's errors as one line naming what was done."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+import pytest
+from lightkube import ApiError
+
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
+from devicehost.host.dra.kube import _errors, _NotFound, claim_allocation
+
+
+def claim_json(devices: dict[str, Any] | None, uid: str = "uid-1") -> dict[str, Any]:
+    """A ResourceClaim as the API server returns it (``to_dict()`` of lightkube's model)."""
+    body: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+    }
+    if devices is not None:
+        body["status"] = {"allocation": {"devices": devices, "nodeSelector": {}}}
+    return body
+
+
+def test_an_allocated_claim_with_admin_access_subrequests_and_configs_in_order() -> None:
+    found = claim_allocation(
+        claim_json(
+            {
+                "results": [
+                    {"request": "gpu", "driver": "example.com", "pool": "n/widget", "device": "w0"},
+                    {
+                        "request": "mon",
+                        "driver": "example.com",
+                        "pool": "n/widget",
+                        "device": "w0",
+                        "adminAccess": True,
+                    },
+                    {
+                        "request": "alt/older",
+                        "driver": "other.org",
+                        "pool": "n/x",
+                        "device": "x1",
+                        "adminAccess": None,
+                    },
+                ],
+                "config": [
+                    {"source": "FromClass", "opaque": {"driver": "example.com", "parameters": {"n": 1}}},
+                    {
+                        "source": "FromClaim",
+                        "requests": ["gpu"],
+                        "opaque": {"driver": "example.com", "parameters": {"n": 2}},
+                    },
+                    {"source": "FromClaim", "requests": ["alt"], "opaque": {"driver": "other.org"}},
+                    {"source": "FromClaim", "requests": ["gpu"]},  # no opaque config: not one of ours
+                ],
+            }
+        )
+    )
+    assert found == ClaimAllocation(
+        "uid-1",
+        (
+            AllocatedDevice("gpu", "example.com", "n/widget", "w0", False),
+            AllocatedDevice("mon", "example.com", "n/widget", "w0", True),
+            AllocatedDevice("alt/older", "other.org", "n/x", "x1", False),
+        ),
+        (
+            OpaqueConfig("example.com", {"n": 1}, ()),
+            OpaqueConfig("example.com", {"n": 2}, ("gpu",)),
+            OpaqueConfig("other.org", {}, ("alt",)),
+        ),
+    )
+    assert params(found, "example.com", "gpu") == {"n": 2}  # the claim's after the class's
+    assert params(found, "example.com", "mon") == {"n": 1}
+    assert params(found, "other.org", "alt/older") == {}  # the main request's config
+
+
+def params(found: ClaimAllocation, driver: str, request: str) -> object:
+    config = found.config(driver, request)
+    return None if config is None else config.parameters
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [None, {}, {"results": None, "config": None}, {"results": []}],
+)
+def test_a_claim_not_allocated_has_no_devices(devices: dict[str, Any] | None) -> None:
+    found = claim_allocation(claim_json(devices))
+    assert found == ClaimAllocation("uid-1", (), ())
+
+
+def test_a_claim_with_a_null_allocation_has_no_devices() -> None:
+    body = claim_json(None)
+    body["status"] = {"allocation": None}
+    assert claim_allocation(body).devices == ()
+    assert claim_allocation({}).uid == ""
+
+
+def api_error(code: int, reason: str, message: str) -> ApiError:
+    request = httpx2.Request("GET", "https://api/x")
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason}
+    response = httpx2.Response(code, json={**status, "message": message}, request=request)
+    return ApiError(request=request, response=response)
+
+
+def test_an_api_error_is_one_line_naming_what_was_done() -> None:
+    with pytest.raises(ClusterError) as caught, _errors("replacing ResourceSlice s"):
+        raise api_error(409, "Conflict", "the object has been modified")
+    assert str(caught.value) == "replacing ResourceSlice s: 409 Conflict: the object has been modified"
+    assert not isinstance(caught.value, _NotFound)
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
+
+
+def test_not_found_is_told_apart() -> None:
+    with (
+        pytest.raises(_NotFound, match=r"^deleting ResourceSlice s: 404 NotFound: "),
+        _errors("deleting ResourceSlice s"),
+    ):
+        raise api_error(404, "NotFound", 'resourceslices "s" not found')
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (httpx2.ConnectError("refused"), "listing ResourceSlices: ConnectError: refused"),
+        (httpx2.ReadTimeout("slow"), "listing ResourceSlices: ReadTimeout: slow"),
+        (ConnectionResetError("reset"), "listing ResourceSlices: ConnectionResetError: reset"),
+    ],
+)
+def test_a_transport_error_is_one_line_naming_what_was_done(error: Exception, said: str) -> None:
+    with pytest.raises(ClusterError) as caught, _errors("listing ResourceSlices"):
+        raise error
+    assert str(caught.value) == said
+    assert type(caught.value) is ClusterError
+
+
+def test_other_errors_pass_through() -> None:
+    with pytest.raises(KeyError), _errors("anything"):
+        raise KeyError("a bug, not the API server")
