@@ -193,6 +193,23 @@ def test_simulate_kubelet_shows_registration_and_an_allocation(
     assert daemon.stop(signal.SIGINT) == 0
 
 
+def test_simulate_kubelet_serves_a_dra_backend_and_shows_a_sample_claim(
+    env: dict[str, str], daemons: list[Daemon]
+) -> None:
+    daemon = Daemon(["run", "--simulate-kubelet", "--backend", "dra-example"], env)
+    daemons.append(daemon)
+    published = daemon.wait_for("ResourceSlice published", driver="gpu.example.com")
+    assert published["devices"] == 8
+    prepared = daemon.wait_for("sample claim prepared", driver="gpu.example.com")
+    (device,) = prepared["devices"]
+    gpu = device.rpartition("/")[2]
+    assert prepared["env"][f"GPU_DEVICE_{gpu.removeprefix('gpu-')}"] == gpu
+    assert prepared["env"]["DRA_ADMIN_ACCESS"] == "false"
+    assert prepared["cdi_devices"][0].startswith("gpu.example.com/claim-")
+    daemon.wait_for("sample claim unprepared", driver="gpu.example.com")
+    assert daemon.stop(signal.SIGINT) == 0
+
+
 def test_backends_command_lists_status_and_resources(env: dict[str, str]) -> None:
     result = run_cli("backends", env=env)
     assert result.returncode == 0, result.stderr

@@ -30,8 +30,10 @@ class FakeRunHost:
         reload_config: Callable[[], HostConfig] | None = None,
         config_file: Path | None = None,
         on_start: Callable[[Any], None] | None = None,
+        cluster: Callable[[], Any] | None = None,
     ) -> None:
         assert reload_config is not None
+        assert cluster is not None  # DRA talks to the in-memory API server, never a real one
         assert on_start is not None  # the simulation follows the host, to name backends
         directory = config.device_plugins_dir
         self.seen = {
@@ -66,8 +68,16 @@ async def test_the_host_serves_into_the_stand_in_dir(monkeypatch: pytest.MonkeyP
     # the stand-in's pod-resources socket, served beside its dir: never the machine's own kubelet's
     assert fake.seen["pod_resources"] == directory.parent / "pod-resources" / "kubelet.sock"
     assert fake.seen["pod_resources_served"]
+    work = directory.parent  # every kubelet dir and the CDI dir of the simulation, none of the machine's
     assert fake.seen["reloaded"] == reloaded_from_file.model_copy(
-        update={"device_plugins_dir": directory, "pod_resources_socket": fake.seen["pod_resources"]}
+        update={
+            "device_plugins_dir": directory,
+            "pod_resources_socket": fake.seen["pod_resources"],
+            "plugins_registry_dir": work / "plugins_registry",
+            "dra_plugins_dir": work / "plugins",
+            "cdi_dir": work / "cdi",
+            "node_name": simulate.NODE,
+        }
     )
     assert fake.seen["failed_backends"] == {"x": "broken"}
     assert fake.seen["config_file"] == tmp_path / "c.yaml"

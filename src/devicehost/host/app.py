@@ -112,11 +112,13 @@ async def run_host(
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
     on_start: Callable[[Host], None] | None = None,
+    cluster: Callable[[], Cluster] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (a second signal exits at once with status 1); SIGHUP reloads.
 
-    ``on_start`` sees the host before it serves. Returns after every resource is withdrawn and
-    every helper stopped, having logged one ``stopped`` line that sums up the run.
+    ``on_start`` sees the host before it serves; ``cluster`` makes DRA's API server client (unset:
+    the real one). Returns after every resource is withdrawn and every helper stopped, having
+    logged one ``stopped`` line that sums up the run.
     """
     started = time.monotonic()
     async with running(
@@ -125,6 +127,7 @@ async def run_host(
         failed_backends=failed_backends,
         reload_config=reload_config,
         config_file=config_file,
+        cluster=cluster,
     ) as host:
         if on_start is not None:
             on_start(host)

@@ -1,14 +1,18 @@
 """``devicehost run --simulate-kubelet``: the real host against the kubelet stand-in.
 
-For trying the host and a backend on a machine with no Kubernetes: a temporary device-plugins
-dir, the stand-in kubelet serving ``kubelet.sock`` there, and the host serving into it. It shows
-every resource the kubelet registers, its devices and health as they change, and one sample
-allocation per resource, until interrupted.
+For trying the host and a backend on a machine with no Kubernetes: a temporary dir with the
+kubelet's device-plugins, plugins and plugins_registry dirs and a CDI dir, the stand-in kubelet
+serving there, an in-memory API server (:mod:`devicehost.standin.apiserver`) for DRA, and the
+host serving into them. It shows every resource the kubelet registers, its devices and health as
+they change, one sample allocation per device plugin resource and, per DRA driver, one sample
+claim prepared (with the devices, CDI devices and environment a container would get) and
+unprepared, until interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +24,8 @@ import structlog
 from google.protobuf import json_format
 
 from devicehost.host.app import run_host
-from devicehost.standin import AdmissionError, EventKind, KubeletStandIn
+from devicehost.standin import AdmissionError, DraCallError, DraDevice, EventKind, KubeletStandIn
+from devicehost.standin.apiserver import ApiServerStandIn
 from devicehost.standin.events import COMPONENT
 
 if TYPE_CHECKING:
@@ -29,6 +34,10 @@ if TYPE_CHECKING:
     from devicehost.host.daemon import Host
 
 log = structlog.get_logger("devicehost.simulate")
+
+NODE = "simulated-node"
+"""The node name DRA publishes under when the config names none."""
+SAMPLE_NAMESPACE = "simulated"
 
 
 async def run_simulated(
@@ -45,13 +54,18 @@ async def run_simulated(
     front of it and a task that reports what the stand-in sees.
     """
     workdir = Path(tempfile.mkdtemp(prefix="devicehost-sim-", dir="/tmp"))
-    directory = workdir / "device-plugins"
-    config = _keep_dir(config, directory)
+    config = _keep_dir(config, workdir)
 
     def reload() -> HostConfig:
-        return _keep_dir(reload_config(), directory) if reload_config is not None else config
+        return _keep_dir(reload_config(), workdir) if reload_config is not None else config
 
-    kubelet = KubeletStandIn(directory, pod_resources_socket=config.pod_resources_socket)
+    config.plugins_registry_dir.mkdir(parents=True)
+    kubelet = KubeletStandIn(
+        config.device_plugins_dir,
+        config.plugins_registry_dir,
+        pod_resources_socket=config.pod_resources_socket,
+    )
+    apiserver = ApiServerStandIn()
     names = _BackendNames()
     kubelet.name_backends(names.of)
     try:
@@ -59,9 +73,9 @@ async def run_simulated(
         log.info(
             "simulated kubelet started; press Ctrl-C to stop",
             component=COMPONENT,
-            device_plugins_dir=str(directory),
+            device_plugins_dir=str(config.device_plugins_dir),
         )
-        show = asyncio.create_task(_show(kubelet, names))
+        show = asyncio.create_task(_show(kubelet, names, apiserver, config.cdi_dir))
         try:
             await run_host(
                 config,
@@ -70,6 +84,7 @@ async def run_simulated(
                 reload_config=reload,
                 config_file=config_file,
                 on_start=names.follow,
+                cluster=lambda: apiserver,
             )
         finally:
             show.cancel()
@@ -104,15 +119,27 @@ class _BackendNames:
         return self._known.get(resource)
 
 
-def _keep_dir(config: HostConfig, directory: Path) -> HostConfig:
-    """The config (a reloaded one too) points at the simulated kubelet's device-plugins dir and
-    its pod-resources socket beside it, never at the machine's own kubelet."""
-    pod_resources = directory.parent / "pod-resources" / "kubelet.sock"
-    return config.model_copy(update={"device_plugins_dir": directory, "pod_resources_socket": pod_resources})
+def _keep_dir(config: HostConfig, workdir: Path) -> HostConfig:
+    """The config (a reloaded one too) points at the simulated kubelet's dirs in ``workdir`` (its
+    device-plugins, plugins and plugins_registry dirs, its pod-resources socket, a CDI dir),
+    never at the machine's own kubelet or runtime; DRA gets a node name when the config has none."""
+    return config.model_copy(
+        update={
+            "device_plugins_dir": workdir / "device-plugins",
+            "pod_resources_socket": workdir / "pod-resources" / "kubelet.sock",
+            "plugins_registry_dir": workdir / "plugins_registry",
+            "dra_plugins_dir": workdir / "plugins",
+            "cdi_dir": workdir / "cdi",
+            "node_name": config.node_name or NODE,
+        }
+    )
 
 
-async def _show(kubelet: KubeletStandIn, names: _BackendNames) -> None:
-    """Report what the kubelet sees, and allocate once from each newly registered resource."""
+async def _show(
+    kubelet: KubeletStandIn, names: _BackendNames, apiserver: ApiServerStandIn, cdi_dir: Path
+) -> None:
+    """Report what the kubelet sees, allocate once from each newly registered resource, and
+    prepare one sample claim of each newly registered DRA driver."""
     seen = 0
     sampled: set[str] = set()
     while True:
@@ -130,6 +157,13 @@ async def _show(kubelet: KubeletStandIn, names: _BackendNames) -> None:
         ):
             sampled.add(event.resource)
             await _sample_allocation(kubelet, event.resource, _labels(names, event.resource))
+        if (
+            event.kind == EventKind.REGISTERED
+            and event.resource in kubelet.dra.drivers
+            and event.resource not in sampled
+        ):
+            sampled.add(event.resource)
+            await _sample_claim(kubelet, apiserver, event.resource, cdi_dir)
 
 
 def _labels(names: _BackendNames, resource: str) -> dict[str, str]:
@@ -160,3 +194,53 @@ async def _sample_allocation(kubelet: KubeletStandIn, resource: str, labels: dic
     kubelet.release(resource, result.device_ids)
     answer = json_format.MessageToDict(result.response.container_responses[0])
     log.info("sample allocation", **labels, devices=list(result.device_ids), response=answer)
+
+
+async def _sample_claim(
+    kubelet: KubeletStandIn, apiserver: ApiServerStandIn, driver: str, cdi_dir: Path
+) -> None:
+    """Allocate one device of ``driver`` to a claim, as the scheduler would, have the kubelet
+    prepare it, say what a container would get, and unprepare it again."""
+    labels = {"component": COMPONENT, "driver": driver}
+    try:
+        async with asyncio.timeout(10):
+            await apiserver.wait(lambda a: bool(a.devices(driver)))
+        ref = apiserver.allocate(
+            driver, namespace=SAMPLE_NAMESPACE, name=f"sample-{driver}", request="sample"
+        )
+    except (TimeoutError, AssertionError) as exc:
+        log.error("sample claim not allocated: no device published", **labels, error=str(exc) or "timed out")
+        return
+    claim = f"{ref[0]}/{ref[2]}"
+    try:
+        prepared = (await kubelet.dra.prepare(driver, [ref]))[ref[1]]
+        log.info(
+            "sample claim prepared",
+            **labels,
+            claim=claim,
+            devices=[f"{d.pool}/{d.device}" for d in prepared],
+            cdi_devices=[i for d in prepared for i in d.cdi_ids],
+            env=_container_env(cdi_dir, prepared),
+        )
+        await kubelet.dra.unprepare(driver, [ref])
+        log.info("sample claim unprepared", **labels, claim=claim)
+    except DraCallError as exc:
+        log.error("sample claim failed", **labels, claim=claim, error=str(exc))
+    finally:
+        apiserver.claims.pop((ref[0], ref[2]), None)
+
+
+def _container_env(cdi_dir: Path, devices: Sequence[DraDevice]) -> dict[str, str]:
+    """The environment the CDI specs in ``cdi_dir`` give a container with ``devices``' CDI IDs."""
+    wanted = {i for d in devices for i in d.cdi_ids}
+    env: dict[str, str] = {}
+    for path in sorted(cdi_dir.glob("*.json")):
+        try:
+            spec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for device in spec.get("devices", ()):
+            if f"{spec.get('kind')}={device.get('name')}" in wanted:
+                edits = device.get("containerEdits", {}).get("env", ())
+                env |= dict(e.partition("=")[::2] for e in edits)
+    return env

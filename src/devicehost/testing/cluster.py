@@ -1,170 +1,26 @@
-"""An in-memory API server and scheduler for DRA tests: what the host publishes, and claims on it.
+"""DRA in tests: the in-memory API server, and the kubelet's DRA calls over the wire.
 
-:class:`ClusterStandIn` keeps ResourceSlices as the host writes them and allocates claims from
-them the way the scheduler would for a simple request (``count`` devices of one driver, none
-given to another claim), so a test drives a claim's whole life without a cluster: allocate,
-have the kubelet stand-in prepare it (:func:`prepare`), unprepare, delete.
+:class:`ClusterStandIn` is :class:`devicehost.standin.apiserver.ApiServerStandIn` (the API server
+and scheduler ``--simulate-kubelet`` runs too): a test allocates a claim on it, has the driver
+prepare it (:func:`prepare`), unprepares it (:func:`unprepare`) and deletes it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
 from devicehost.proto.dra.v1 import api_pb2, api_pb2_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2 as registration_pb2
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+from devicehost.standin.apiserver import NODE_UID, ApiServerStandIn
 
-NODE_UID = "0f0f0f0f-node-uid"
+ClusterStandIn = ApiServerStandIn
+"""The in-memory API server under the name the tests know it by."""
 
-
-class ClusterStandIn:
-    """ResourceSlices and ResourceClaims in memory, behind the host's ``Cluster`` seam."""
-
-    def __init__(self) -> None:
-        self.stored: dict[str, dict[str, Any]] = {}
-        """ResourceSlices by name, as stored (with a resourceVersion)."""
-        self.claims: dict[tuple[str, str], ClaimAllocation] = {}
-        self.down: str | None = None
-        """When set, every call fails with this as the API server's error."""
-        self._versions = itertools.count(1)
-        self._deletions: list[asyncio.Queue[str]] = []
-        self.changed = asyncio.Event()
-
-    # -- the seam ------------------------------------------------------------------------------
-
-    async def node_uid(self, node: str) -> str:
-        self._check()
-        return NODE_UID
-
-    async def claim(self, namespace: str, name: str) -> ClaimAllocation:
-        self._check()
-        found = self.claims.get((namespace, name))
-        if found is None:
-            raise ClusterError(f"ResourceClaim {namespace}/{name}: 404 NotFound")
-        return found
-
-    async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
-        self._check()
-        return {
-            name: body
-            for name, body in self.stored.items()
-            if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver
-        }
-
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
-        self._check()
-        name = body["metadata"]["name"]
-        if name in self.stored:
-            raise ClusterError(f"creating ResourceSlice {name}: 409 AlreadyExists")
-        self._store(body)
-
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
-        self._check()
-        name = body["metadata"]["name"]
-        current = self.stored.get(name)
-        if current is None or current["metadata"]["resourceVersion"] != body["metadata"].get(
-            "resourceVersion"
-        ):
-            raise ClusterError(f"replacing ResourceSlice {name}: 409 Conflict")
-        self._store(body)
-
-    async def delete_slice(self, name: str) -> None:
-        self._check()
-        self.delete(name)
-
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
-        self._check()
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        self._deletions.append(queue)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            self._deletions.remove(queue)
-
-    async def close(self) -> None:
-        return None
-
-    # -- what tests do -------------------------------------------------------------------------
-
-    def delete(self, name: str) -> None:
-        """Delete a slice, as the kubelet does at its start; watchers are told."""
-        if self.stored.pop(name, None) is not None:
-            for queue in self._deletions:
-                queue.put_nowait(name)
-            self._bump()
-
-    def devices(self, driver: str) -> list[tuple[str, str]]:
-        """(pool, device) of every published device of ``driver``, slice by slice."""
-        return [
-            (body["spec"]["pool"]["name"], device["name"])
-            for body in self.stored.values()
-            if body["spec"]["driver"] == driver
-            for device in body["spec"]["devices"]
-        ]
-
-    def allocate(
-        self,
-        driver: str,
-        count: int = 1,
-        *,
-        namespace: str = "default",
-        name: str = "",
-        request: str = "req",
-        config: Mapping[str, Any] | None = None,
-        admin_access: bool = False,
-        devices: Sequence[str] = (),
-    ) -> tuple[str, str, str]:
-        """Allocate ``count`` free devices of ``driver`` to a new claim; its (namespace, uid, name).
-
-        ``request`` may be ``request/subrequest`` (a prioritized list's choice); ``config`` is the
-        claim's opaque parameters for ``driver`` and the request; an ``admin_access`` claim may
-        take devices other claims hold (and takes none from them); ``devices`` names the ones
-        to take.
-        """
-        taken = {(d.pool, d.device) for c in self.claims.values() for d in c.devices if not d.admin_access}
-        free = [
-            d
-            for d in self.devices(driver)
-            if (admin_access or d not in taken) and (not devices or d[1] in devices)
-        ]
-        if len(free) < count:
-            raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
-        uid = str(uuid.uuid4())
-        name = name or f"claim-{uid[:8]}"
-        chosen = tuple(
-            AllocatedDevice(request, driver, pool, device, admin_access) for pool, device in free[:count]
-        )
-        configs = (OpaqueConfig(driver, config, (request.partition("/")[0],)),) if config is not None else ()
-        self.claims[(namespace, name)] = ClaimAllocation(uid, chosen, configs)
-        return namespace, uid, name
-
-    async def wait(self, predicate: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109
-        """Wait until ``predicate(self)`` is true, checking after every change."""
-        async with asyncio.timeout(timeout):
-            while not predicate(self):
-                self.changed.clear()
-                await self.changed.wait()
-
-    def _store(self, body: Mapping[str, Any]) -> None:
-        stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
-        self.stored[body["metadata"]["name"]] = stored
-        self._bump()
-
-    def _bump(self) -> None:
-        self.changed.set()
-
-    def _check(self) -> None:
-        if self.down is not None:
-            raise ClusterError(self.down)
+__all__ = ["NODE_UID", "ClusterStandIn", "prepare", "registered_endpoint", "unprepare"]
 
 
 async def registered_endpoint(registration_socket: Path) -> registration_pb2.PluginInfo:

@@ -19,7 +19,8 @@ from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
+from devicehost.host.dra.cluster import ClaimAllocation, ClusterError
+from devicehost.resourceapi import claim_allocation
 
 FIELD_MANAGER = "devicehost"
 NOT_FOUND = 404
@@ -88,28 +89,6 @@ class KubeCluster:
         if self._client is not None:
             await self._client.close()
             self._client = None
-
-
-def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
-    """A ResourceClaim (as JSON) as the kubelet plugin reads it: UID, devices and opaque configs."""
-    allocation = claim.get("status", {}).get("allocation") or {}
-    devices = allocation.get("devices") or {}
-    return ClaimAllocation(
-        str(claim.get("metadata", {}).get("uid", "")),
-        tuple(
-            AllocatedDevice(
-                r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess", False))
-            )
-            for r in devices.get("results") or ()
-        ),
-        tuple(
-            OpaqueConfig(
-                c["opaque"]["driver"], c["opaque"].get("parameters") or {}, tuple(c.get("requests") or ())
-            )
-            for c in devices.get("config") or ()
-            if c.get("opaque")
-        ),
-    )
 
 
 def _mine(node: str, driver: str) -> dict[str, Any]:

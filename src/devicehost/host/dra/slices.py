@@ -24,7 +24,7 @@ def device_entry(device: Device) -> dict[str, Any]:
     if device.group is not None:
         attributes["group"] = {"string": device.group}
     for name, value in device.attributes.items():
-        attributes[name] = {_attribute_kind(value): value}
+        attributes[name] = {_attribute_kind(value): str(value) if isinstance(value, Version) else value}
     entry: dict[str, Any] = {"name": device_name(device.id), "attributes": attributes}
     if device.capacity:
         entry["capacity"] = {name: {"value": str(value)} for name, value in device.capacity.items()}

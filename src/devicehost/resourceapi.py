@@ -1,0 +1,84 @@
+"""The ``resource.k8s.io/v1`` objects the DRA side reads, as plain values: a leaf module.
+
+The host's API server seam (:mod:`devicehost.host.dra.cluster`), its client
+(:mod:`devicehost.host.dra.kube`) and the in-memory API server of the stand-ins
+(:mod:`devicehost.standin.apiserver`) all speak these, so none of them imports another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SLICE_API_VERSION = "resource.k8s.io/v1"
+
+
+class ClusterError(Exception):
+    """The API server refused or could not be reached; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One device the scheduler allocated to a claim, as the claim's status names it.
+
+    ``request`` is ``request/subrequest`` when a prioritized list (``firstAvailable``) chose it.
+    """
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False
+
+
+@dataclass(frozen=True)
+class OpaqueConfig:
+    """One opaque configuration of an allocation (its DeviceClasses' first, then the claim's).
+
+    ``requests`` empty: it applies to every request of the claim.
+    """
+
+    driver: str
+    parameters: Mapping[str, Any]
+    requests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimAllocation:
+    """A ResourceClaim as the kubelet plugin reads it: its UID, allocated devices and configuration."""
+
+    uid: str
+    devices: tuple[AllocatedDevice, ...]
+    configs: tuple[OpaqueConfig, ...] = ()
+
+    def config(self, driver: str, request: str) -> OpaqueConfig | None:
+        """The configuration of ``driver`` that applies to ``request``: the last one naming it, its
+        main request (for ``main/sub``), or no request at all, in the API's order (later wins)."""
+        names = {request, request.partition("/")[0]}
+        for config in reversed(self.configs):
+            if config.driver == driver and (not config.requests or names & set(config.requests)):
+                return config
+        return None
+
+
+def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
+    """A ResourceClaim (as JSON) as the kubelet plugin reads it: UID, devices and opaque configs."""
+    allocation = claim.get("status", {}).get("allocation") or {}
+    devices = allocation.get("devices") or {}
+    return ClaimAllocation(
+        str(claim.get("metadata", {}).get("uid", "")),
+        tuple(
+            AllocatedDevice(
+                r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess", False))
+            )
+            for r in devices.get("results") or ()
+        ),
+        tuple(
+            OpaqueConfig(
+                c["opaque"]["driver"], c["opaque"].get("parameters") or {}, tuple(c.get("requests") or ())
+            )
+            for c in devices.get("config") or ()
+            if c.get("opaque")
+        ),
+    )
