@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,11 @@ import pytest
 import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from devicehost.hookspecs import REQUIRED_HOOKS, rules
 from devicehost.hookspecs.types import Health, PreferredAllocationRequest, Resource
-from devicehost.host.backends.backend import hook_implementations
+from devicehost.host.backends.backend import SettingsRefused, checked_settings, hook_implementations
 from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
@@ -77,10 +78,22 @@ def direct(
         broken("hook-specs", str(exc))
     if backend.implements("devicehost_configure"):
         try:
-            backend.hook.devicehost_configure(settings=devicehost_settings)
+            backend.hook.devicehost_configure(settings=modelled(backend, devicehost_settings, "settings"))
         except Exception as exc:
             broken("settings", f"devicehost_configure raised {type(exc).__name__}: {exc}")
     return backend
+
+
+def modelled(direct: DirectBackend, settings: dict[str, Any], rule: str) -> Mapping[str, Any] | BaseModel:
+    """``settings`` as the host hands them to devicehost_configure: an instance of the backend's
+    settings model when it declares one, else as given; ``rule`` broken when the model refuses them."""
+    if not direct.implements("devicehost_settings_model"):
+        return settings
+    model = _call(rule, "devicehost_settings_model", direct.hook.devicehost_settings_model)
+    try:
+        return checked_settings(direct.name, model, settings)
+    except SettingsRefused as exc:
+        broken(rule, str(exc))
 
 
 @pytest.fixture
@@ -98,12 +111,23 @@ def served(discovered: list[Resource]) -> list[Resource]:
     return resources
 
 
-@pytest.fixture
-def starts(direct: DirectBackend, served: list[Resource]) -> None:
-    """Skips a wire check when the start hook fails: test_start_hook_succeeds reports it, once."""
+def _skip_unless_started(direct: DirectBackend, served: list[Resource]) -> None:
+    """Skip a wire check when the start hook fails: test_start_hook_succeeds reports it, once."""
     problem = start_problem(direct, served)
     if problem:
         pytest.skip(f"[start-hook] broken (reported by test_start_hook_succeeds): {problem.splitlines()[0]}")
+
+
+@pytest.fixture
+def starts(direct: DirectBackend, served: list[Resource]) -> None:
+    """Skips a device plugin wire check when the start hook fails, or when every resource declares
+    itself served through DRA only (``serve_through="dra"``: the host serves none to the kubelet's
+    device manager unless the operator says so)."""
+    _skip_unless_started(direct, served)
+    if all(r.serve_through == "dra" for r in served):
+        pytest.skip(
+            "every resource is declared served through DRA only: see the dra-* checks (--devicehost-dra)"
+        )
 
 
 async def _view(kubelet: KubeletStandIn, resource: Resource, rule: str) -> ResourceView:
@@ -337,7 +361,7 @@ async def test_reload_keeps_allocations_working(
         "reload",
         "devicehost_configure with the reload settings",
         direct.hook.devicehost_configure,
-        settings=devicehost_reload_settings,
+        settings=modelled(direct, devicehost_reload_settings, "reload"),
     )
     expected = servable(direct.discover())
     reloaded: list[HostConfig] = []
@@ -567,9 +591,11 @@ async def dra(
     devicehost_dir: Path,
     devicehost_cdi_dir: Path,
     plugin: object,
-    starts: None,
+    direct: DirectBackend,
+    served: list[Resource],
 ) -> AsyncIterator[DraRun]:
     """The backend (the ``direct`` fixture's object) served through DRA only, with its settings."""
+    _skip_unless_started(direct, served)
     async with dra_run(
         devicehost_dir,
         devicehost_backend_name,
