@@ -316,8 +316,7 @@ def write_spec(spec: Spec, cdi_dir: str | os.PathLike[str] | None = None) -> Pat
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump(spec.to_dict(), file, indent=2)
-            file.write("\n")
+            file.write(json.dumps(spec.to_dict(), indent=2) + "\n")
             file.flush()
             os.fchmod(file.fileno(), SPEC_MODE)
             os.fsync(file.fileno())

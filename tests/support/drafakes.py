@@ -120,6 +120,8 @@ class FakeServer:
     table: DeviceTable
     backend: Backend
     log: Any = field(default_factory=lambda: structlog.get_logger("fake-server"))
+    device_plugin: bool = True
+    """Served through the device plugin API too: prepared devices are held there."""
 
 
 def widgets(count: int, prefix: str = "w", **health: Health) -> list[Device]:

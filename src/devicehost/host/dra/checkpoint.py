@@ -8,10 +8,11 @@ temporary file beside it, synced and renamed over it, so a crash leaves the old 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,6 +64,8 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.claims: dict[str, PreparedClaim] = {}
+        self._batching = False
+        self._dirty = False
 
     def load(self) -> str | None:
         """Read the file (none yet: no claims); the problem when it cannot be read, as one line."""
@@ -92,11 +95,30 @@ class Checkpoint:
         return {key for uid, claim in self.claims.items() if uid != but for key in claim.held()}
 
     def add(self, claim: PreparedClaim) -> None:
+        """Record ``claim``; the file is written now, or once at the end of a :meth:`batch`."""
         self.claims[claim.uid] = claim
-        self._write()
+        self._changed()
 
     def remove(self, uid: str) -> None:
+        """Forget the claim ``uid``; written as :meth:`add` is."""
         if self.claims.pop(uid, None) is not None:
+            self._changed()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Write the file once when the block ends (also when it raises), not at every change:
+        one kubelet call prepares or unprepares many claims, and answers after the block."""
+        self._batching = True
+        try:
+            yield
+        finally:
+            self._batching = False
+            if self._dirty:
+                self._write()
+
+    def _changed(self) -> None:
+        self._dirty = True
+        if not self._batching:
             self._write()
 
     def _write(self) -> None:
@@ -107,11 +129,12 @@ class Checkpoint:
                 for uid, c in self.claims.items()
             },
         }
+        self._dirty = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as file:
-                json.dump(data, file, indent=1, sort_keys=True)
+                file.write(json.dumps(data, indent=1, sort_keys=True))
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temp, self.path)

@@ -86,7 +86,8 @@ class Claims:
         """Each claim prepared (or as prepared before), or the one-line reason it is not.
 
         The claims are read from the API server at once, outside the lock, so one slow read does
-        not hold the others; then they are prepared one at a time (the checkpoint changes in order).
+        not hold the others; then they are prepared one at a time, and the checkpoint is written
+        once for all of them before the kubelet gets the answer.
         """
         new = [ref for ref in claims if ref[1] not in self.checkpoint.claims]
         reads = await asyncio.gather(
@@ -95,33 +96,43 @@ class Claims:
         allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
         answers: dict[str, PreparedClaim | str] = {}
         async with self._lock:
-            for namespace, uid, name in claims:
-                try:
-                    prepared = self.checkpoint.claims.get(uid)
-                    if prepared is None:
-                        read = allocations.get(uid)
-                        if read is None:  # prepared when the reads began, unprepared since
-                            read = await read_claim(self._cluster, self._driver, namespace, uid, name)
-                        prepared = await self._prepare(namespace, uid, name, read)
-                    answers[uid] = prepared
-                except _ClaimRefused as exc:
-                    self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
-                    answers[uid] = str(exc)
+            with self.checkpoint.batch():
+                await self._prepare_all(claims, allocations, answers)
         return answers
+
+    async def _prepare_all(
+        self,
+        claims: Sequence[ClaimRef],
+        allocations: Mapping[str, ClaimAllocation | BaseException],
+        answers: dict[str, PreparedClaim | str],
+    ) -> None:
+        for namespace, uid, name in claims:
+            try:
+                prepared = self.checkpoint.claims.get(uid)
+                if prepared is None:
+                    read = allocations.get(uid)
+                    if read is None:  # prepared when the reads began, unprepared since
+                        read = await read_claim(self._cluster, self._driver, namespace, uid, name)
+                    prepared = await self._prepare(namespace, uid, name, read)
+                answers[uid] = prepared
+            except _ClaimRefused as exc:
+                self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
+                answers[uid] = str(exc)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """For each claim, "" once unprepared (or never prepared), else the one-line reason."""
         errors: dict[str, str] = {}
         async with self._lock:
-            for namespace, uid, name in claims:
-                try:
-                    await self._unprepare(uid)
-                    errors[uid] = ""
-                except _ClaimRefused as exc:
-                    self.log.error(
-                        "claim not unprepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
-                    )
-                    errors[uid] = str(exc)
+            with self.checkpoint.batch():
+                for namespace, uid, name in claims:
+                    try:
+                        await self._unprepare(uid)
+                        errors[uid] = ""
+                    except _ClaimRefused as exc:
+                        self.log.error(
+                            "claim not unprepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
+                        )
+                        errors[uid] = str(exc)
         return errors
 
     async def _prepare(
@@ -143,7 +154,7 @@ class Claims:
         claim = PreparedClaim(uid, namespace, name, tuple(devices))
         self.checkpoint.add(claim)
         for resource, held in claim.by_resource().items():
-            self._resources[resource].server.table.hold(held, HOLD, True)
+            hold(self._resources[resource].server, held, True)
         self.prepared += 1
         self.log.info(
             "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
@@ -230,9 +241,15 @@ class Claims:
         self.checkpoint.remove(uid)
         still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():
-            free = [i for i in ids if (resource, i) not in still]
-            self._resources[resource].server.table.hold(free, HOLD, False)
+            hold(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
+
+
+def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
+    """Advertise ``ids`` Unhealthy on the device plugin side while claims hold them (or stop); a
+    resource served through DRA only has no such side, and its table is left as it is."""
+    if server.device_plugin:
+        server.table.hold(ids, HOLD, holding)
 
 
 async def read_claim(cluster: Cluster, driver: str, namespace: str, uid: str, name: str) -> ClaimAllocation:

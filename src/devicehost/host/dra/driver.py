@@ -22,7 +22,7 @@ import structlog
 from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import Checkpoint
-from devicehost.host.dra.claims import HOLD, Attached, Claims
+from devicehost.host.dra.claims import Attached, Claims, hold
 from devicehost.host.dra.cluster import Cluster
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import (
@@ -181,7 +181,7 @@ class DraDriver:
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool, slice_name), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
-        server.table.hold(self.claims.held(server.name), HOLD, True)  # prepared before a restart too
+        hold(server, self.claims.held(server.name), True)  # prepared before a restart too
 
     def detach(self, resource: str) -> None:
         """Stop publishing ``resource``; its prepared claims stay in the checkpoint."""
