@@ -479,6 +479,8 @@ def test_dra_objects_match_the_kubernetes_schema_strictly() -> None:
         "DaemonSet",
         "DeviceClass",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     examples = dra_examples()
     assert sorted(o["kind"] for o in examples) == ["Pod", "ResourceClaimTemplate"]
@@ -524,6 +526,31 @@ def test_dra_cluster_role_grants_what_the_host_calls_and_no_more() -> None:
     # The host needs its token now: the pod's setting wins over the ServiceAccount's.
     assert pod_spec(DRA)["serviceAccountName"] == account["metadata"]["name"]
     assert pod_spec(DRA)["automountServiceAccountToken"] is True
+
+
+def test_dra_policy_holds_the_hosts_service_account_to_its_own_nodes_slices() -> None:
+    objects = render(DRA)
+    policy = the(objects, "ValidatingAdmissionPolicy")
+    binding = the(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["resource.k8s.io"], ["resourceslices"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    # Every write verb the ClusterRole grants on slices is one the policy judges.
+    writes = DRA_RBAC[("resource.k8s.io", "resourceslices")] - {"get", "list", "watch"}
+    assert {"create": "CREATE", "update": "UPDATE", "delete": "DELETE"}.keys() >= writes
+    # It matches the ServiceAccount the DaemonSet runs as, in whatever namespace kustomize put it.
+    (condition,) = spec["matchConditions"]
+    account = the(objects, "ServiceAccount")["metadata"]["name"]
+    assert f'endsWith(":{account}")' in condition["expression"]
+    node = {v["name"]: v["expression"] for v in spec["variables"]}["userNode"]
+    assert "authentication.kubernetes.io/node-name" in node
+    assert [v["expression"] for v in spec["validations"]] == [
+        'variables.userNode != ""',
+        "variables.userNode == variables.sliceNode",
+    ]
 
 
 def test_dra_binding_follows_the_namespace_of_a_users_overlay() -> None:
