@@ -140,12 +140,16 @@ def test_a_pod_with_a_claim_runs_on_a_prepared_widget(kit: Kit, host: DraHost) -
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["driver"], result["device"]) == (DRIVER, prepared["devices"][0])
     assert list(prepared_claims()) == [claim["metadata"]["uid"]]
-    env = kit.kubectl("logs", "widget-user")
-    # containerd 1.6 has no CDI: the CDI device the kubelet passes in the CRI request is dropped.
-    kit.notes.append(
-        "DRA: container env " + ("has" if "EXAMPLE_WIDGETS=" in env else "lacks") + " EXAMPLE_WIDGETS "
-        "(the CDI spec's edit); containerd here is 1.6, which has no CDI support"
+    # The claim's CDI spec sets EXAMPLE_WIDGETS; containerd 1.7 (CDI on) puts it in the container.
+    env = until(
+        lambda: [
+            ln for ln in kit.kubectl("logs", "widget-user").splitlines() if ln.startswith("ENV EXAMPLE_")
+        ],
+        "widget-user printing its environment",
+        within=30,
     )
+    kit.notes.append(f"DRA: widget-user's container env: {' '.join(env)}")
+    assert f"ENV EXAMPLE_WIDGETS={prepared['devices'][0]}" in env, env
 
 
 def test_a_kubelet_restart_leaves_the_claim_prepared(kit: Kit, host: DraHost) -> None:
