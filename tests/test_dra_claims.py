@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostfakes import captured_logs
 
 import devicehost
 from devicehost import ContainerAllocation, Device, Health, Resource
@@ -158,20 +157,20 @@ async def test_an_unhealthy_device_is_not_prepared_until_it_recovers(root: Path)
         assert (await prepare(where, [ref])).claims[ref[1]].error == ""  # the kubelet asks again
 
 
-async def test_more_devices_than_a_slice_holds_are_not_published(root: Path) -> None:
+async def test_more_devices_than_a_slice_holds_are_published_over_two_slices(root: Path) -> None:
+    """Issue 25: they were not published at all (one slice per resource, 128 devices at most)."""
     backend, cluster = TwoPools(count=129), ClusterStandIn()
-
-    def refused(logs: list[Any]) -> list[Any]:
-        return [e for e in logs if e["event"].startswith("not published through DRA")]
-
-    with captured_logs() as logs:
-        async with host_of(root, backend, cluster):
-            async with asyncio.timeout(5):
-                while len(refused(logs)) < 2:
-                    await asyncio.sleep(0.01)
-            assert cluster.stored == {}
-    assert {e["resource"] for e in refused(logs)} == {"example.org/a", "example.org/b"}
-    assert refused(logs)[0]["limit"] == 128
+    async with host_of(root, backend, cluster):
+        await cluster.wait(lambda c: len(c.stored) == 4)
+        assert {
+            name: (len(body["spec"]["devices"]), body["spec"]["pool"]["resourceSliceCount"])
+            for name, body in cluster.stored.items()
+        } == {
+            "n-example.org-a": (128, 2),
+            "n-example.org-a-1": (1, 2),
+            "n-example.org-b": (128, 2),
+            "n-example.org-b-1": (1, 2),
+        }
 
 
 def test_backend_attributes_may_not_reuse_the_hosts_names() -> None:

@@ -32,7 +32,7 @@ from devicehost.host.dra.servicer import (
     DraHealthServicer,
     DraPluginServicer,
 )
-from devicehost.host.dra.slices import slice_spec
+from devicehost.host.dra.slices import Placement, pool_specs
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.proto.dra.v1 import api_pb2_grpc
@@ -47,9 +47,6 @@ log = structlog.get_logger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 CHECKPOINT_FILE = "devicehost-claims.json"
 SERVER_STOP_GRACE = 0.5
-MAX_SLICE_DEVICES = 128
-"""resource.k8s.io/v1 refuses a ResourceSlice with more devices; pools spanning several slices
-are not published yet."""
 
 
 @dataclass(frozen=True)
@@ -188,25 +185,30 @@ class DraDriver:
         attached = self.resources.pop(resource, None)
         if attached is not None:
             attached.follow.cancel()
-            self.publisher.drop(attached.slice)
+            self.publisher.drop_pool(resource)
             self.changes.bump()
 
     async def _follow(self, server: ResourceServer, pool: str, slice_name: str) -> None:
-        """Publish the resource's devices now and after every change of its table."""
+        """Publish the resource's devices now and after every change of its table: one pool of
+        as many slices as they need (``slice_name`` is the first), each device kept in its slice."""
+        placement = Placement()
         seen = -1
         while True:
             if server.table.version != seen:
                 seen = server.table.version
-                spec = slice_spec(self._setup.node, self.name, pool, server.table.devices)
-                if len(spec["devices"]) > MAX_SLICE_DEVICES:  # said once per change, not published
-                    server.log.error(
-                        "not published through DRA: more healthy devices than one ResourceSlice holds",
-                        devices=len(spec["devices"]),
-                        limit=MAX_SLICE_DEVICES,
-                    )
-                    self.publisher.drop(slice_name)
-                else:
-                    self.publisher.want(slice_name, spec)
+                specs = pool_specs(self._setup.node, self.name, pool, server.table.devices, placement)
+                self.publisher.want_pool(
+                    server.name,
+                    [
+                        (
+                            slice_name
+                            if i == 0
+                            else names.slice_name(self._setup.node, self.name, server.name, i),
+                            spec,
+                        )
+                        for i, spec in enumerate(specs)
+                    ],
+                )
                 self.changes.bump()
             await server.table.wait_for_change(seen)
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 MAX_LABEL = 63
+MAX_SUBDOMAIN = 253
 
 
 def driver_name(resource: str, configured: Mapping[str, str]) -> str:
@@ -36,14 +37,18 @@ def device_name(device_id: str) -> str:
     return f"{clean}-{digest}" if clean else f"d-{digest}"
 
 
-def slice_name(node: str, driver: str, resource: str) -> str:
-    """A ResourceSlice name (a DNS subdomain) unique per node, driver and resource."""
+def slice_name(node: str, driver: str, resource: str, index: int = 0) -> str:
+    """The ``index``-th ResourceSlice of ``resource``'s pool on ``node`` (a DNS subdomain of at
+    most 253 characters): ``<node>-<driver>-<class>`` for the first (the name it always had),
+    ``<node>-<driver>-<class>-<index>`` for the others. A name too long is cut and given a hash
+    of the whole, the index kept at its end."""
     raw = f"{node}-{driver}-{resource.partition('/')[2]}".lower()
     name = re.sub(r"[^a-z0-9.-]+", "-", raw).strip("-.")
-    if len(name) <= 253:
-        return name
+    suffix = f"-{index}" if index else ""
+    if len(name) + len(suffix) <= MAX_SUBDOMAIN:
+        return name + suffix
     digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
-    return f"{name[:244].strip('-.')}-{digest}"
+    return f"{name[: MAX_SUBDOMAIN - 9 - len(suffix)].strip('-.')}-{digest}{suffix}"
 
 
 def cdi_kind(driver: str, claim_uid: str) -> str:

@@ -5,19 +5,36 @@ change under us too: the kubelet deletes every slice of its node when it starts,
 slices when its plugin is gone for a while. So the publisher compares the two on every change
 (ours, a deletion seen by its watch, the kubelet registering the driver again) and writes only
 the difference. A failing API server is retried with backoff, logged once per problem.
+
+The host wants pools: a resource's devices are one pool over as many slices as they need. Every
+slice of a pool carries the pool's ``resourceSliceCount`` and ``generation``; the scheduler
+uses only the slices of a pool's newest generation, and a pool only once it sees
+``resourceSliceCount`` slices of it. So a pool is written the way the Go helper
+(``k8s.io/dynamic-resource-allocation/resourceslice``) writes it:
+
+- a change that rewrites exactly one existing slice of a pool of several, and creates none,
+  keeps the generation: that one write replaces the slice whole, so the scheduler sees the pool
+  before it or after it, never a mix (a device flapping costs one write, not one per slice);
+- any other change (a slice to create, more than one to change, the slice count changing, a
+  pool of one slice changing) moves the generation up and rewrites every slice of the pool:
+  first the slices that are no longer wanted are deleted, then the others are replaced and the
+  missing created, all with the new generation. Until the last is written the scheduler sees
+  the pool incomplete (fewer slices of the new generation than it says), never mixed;
+- the generation is never lower than any the pool had (published, or written by this host and
+  deleted since), so a slice deleted by someone else comes back newer than what the scheduler saw.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from devicehost.host.dra.cluster import Cluster, ClusterError
-from devicehost.host.dra.slices import same_devices, slice_body
+from devicehost.host.dra.slices import slice_body
 from devicehost.host.serving.registration import Backoff
 
 STOP_TIMEOUT = 5.0
@@ -25,17 +42,21 @@ STOP_TIMEOUT = 5.0
 WATCH_MIN_LIFE = 1.0
 """A watch that ends sooner than this counts as failing (retried with backoff)."""
 
+WantedSlice = tuple[str, dict[str, Any]]
+"""A slice's name and its ``spec`` (the pool's slice count and generation are set here)."""
+
 
 class Publisher:
-    """Publishes the wanted slices of one driver on one node."""
+    """Publishes the wanted pools of one driver on one node."""
 
     def __init__(self, cluster: Cluster, node: str, driver: str) -> None:
         self._cluster = cluster
         self._node = node
         self._driver = driver
-        self._wanted: dict[str, dict[str, Any]] = {}
+        self._pools: dict[str, list[WantedSlice]] = {}
+        """The wanted slices of each pool, first to last, by the key the caller gave."""
         self._generations: dict[str, int] = {}
-        """The last pool generation written per slice: one deleted by someone else comes back newer."""
+        """The last generation written per pool name: one deleted by someone else comes back newer."""
         self._owner: tuple[str, str] | None = None
         self._dirty = asyncio.Event()
         self._synced = asyncio.Event()
@@ -44,16 +65,33 @@ class Publisher:
         """Slices created, replaced or deleted so far."""
         self.log = structlog.get_logger(__name__).bind(driver=driver)
 
-    def want(self, name: str, spec: dict[str, Any]) -> None:
-        """Publish ``spec`` (its pool generation is set here) as the slice ``name``."""
-        if self._wanted.get(name) != spec:
-            self._wanted[name] = spec
+    def want_pool(self, key: str, slices: Sequence[WantedSlice]) -> None:
+        """Publish ``slices`` (at least one, all of one pool, first to last) as the pool ``key``.
+
+        A slice name another pool of this publisher has is refused (said, and nothing changes).
+        """
+        wanted = [(name, spec) for name, spec in slices]
+        taken = {name for other, them in self._pools.items() if other != key for name, _ in them}
+        clash = sorted(taken.intersection(name for name, _ in wanted))
+        if clash:
+            self.log.error("ResourceSlice names taken by another pool, not published", pool=key, slices=clash)
+            return
+        if self._pools.get(key) != wanted:
+            self._pools[key] = wanted
             self.poke()
 
-    def drop(self, name: str) -> None:
-        """Stop publishing the slice ``name`` (it is deleted)."""
-        if self._wanted.pop(name, None) is not None:
+    def drop_pool(self, key: str) -> None:
+        """Stop publishing the pool ``key`` (its slices are deleted)."""
+        if self._pools.pop(key, None) is not None:
             self.poke()
+
+    def want(self, name: str, spec: dict[str, Any]) -> None:
+        """Publish ``spec`` as the slice ``name``, a pool of one slice (keyed by ``name``)."""
+        self.want_pool(name, [(name, spec)])
+
+    def drop(self, name: str) -> None:
+        """Stop publishing the one-slice pool :meth:`want` published as ``name``."""
+        self.drop_pool(name)
 
     def poke(self) -> None:
         """Compare wanted and published soon (a change, a deletion, a kubelet registration)."""
@@ -92,49 +130,80 @@ class Publisher:
 
     async def withdraw_all(self) -> None:
         """Delete every slice this driver published for the node (the host stops, or no resource is left)."""
-        self._wanted.clear()
+        self._pools.clear()
         with contextlib.suppress(ClusterError, TimeoutError):
             async with asyncio.timeout(STOP_TIMEOUT):
                 await self.sync()
                 return
         self.log.warning("ResourceSlices left behind; the kubelet deletes them once the driver is gone")
 
+    def _wanted_names(self) -> set[str]:
+        return {name for slices in self._pools.values() for name, _ in slices}
+
     async def sync(self) -> None:
-        """Create, replace and delete slices until the published ones are the wanted ones."""
-        published = await self._cluster.slices(self._node, self._driver)
-        if self._wanted and self._owner is None:
+        """Delete, replace and create slices until the published ones are the wanted ones."""
+        published = dict(await self._cluster.slices(self._node, self._driver))
+        pools = list(self._pools.values())
+        if pools and self._owner is None:
             self._owner = (self._node, await self._cluster.node_uid(self._node))
-        for name, spec in list(self._wanted.items()):
-            await self._write(name, spec, published.get(name))
-        for name in published.keys() - self._wanted.keys():
-            await self._cluster.delete_slice(name)
-            self.writes += 1
-            self.log.info("ResourceSlice deleted", slice=name)
+        seen: dict[str, int] = {}  # the newest generation published per pool name, gone ones too
+        for body in published.values():
+            pool = body.get("spec", {}).get("pool", {})
+            name = str(pool.get("name", ""))
+            seen[name] = max(seen.get(name, 0), int(pool.get("generation", 0)))
+        wanted = {name: spec["pool"]["name"] for slices in pools for name, spec in slices}
+        for name, body in list(published.items()):  # first: devices gone are withdrawn at once
+            if wanted.get(name) != body.get("spec", {}).get("pool", {}).get("name"):
+                await self._delete(name)  # not wanted, or in another pool (a pool name is immutable)
+                del published[name]
+        for slices in pools:
+            await self._sync_pool(slices, published, seen)
+
+    async def _sync_pool(
+        self, slices: list[WantedSlice], published: Mapping[str, Mapping[str, Any]], seen: Mapping[str, int]
+    ) -> None:
+        pool = slices[0][1]["pool"]["name"]
+        generation = max(self._generations.get(pool, 0), seen.get(pool, 0))
+        changed = [
+            name
+            for name, spec in slices
+            if name in published and published[name].get("spec") != _in_pool(spec, len(slices), generation)
+        ]
+        missing = [name for name, _ in slices if name not in published]
+        if not changed and not missing:
+            return
+        if missing or len(changed) > 1 or len(slices) == 1:
+            generation += 1
+            changed = [name for name, _ in slices if name in published]
+        for name, spec in slices:  # replaced first, then created, each slice in pool order
+            if name in changed:
+                await self._write(name, _in_pool(spec, len(slices), generation), published[name])
+        for name, spec in slices:
+            if name in missing:
+                await self._write(name, _in_pool(spec, len(slices), generation), None)
 
     async def _write(self, name: str, spec: dict[str, Any], current: Mapping[str, Any] | None) -> None:
         assert self._owner is not None
-        last = self._generations.get(name, 0)
+        pool = spec["pool"]
         if current is None:
-            body = slice_body(name, self._owner, _with_generation(spec, last + 1))
-            await self._cluster.create_slice(body)
-            self._generations[name] = last + 1
-            self.writes += 1
-            self.log.info(
-                "ResourceSlice published", slice=name, devices=len(spec["devices"]), generation=last + 1
-            )
-            return
-        if same_devices(dict(current.get("spec", {})), spec):
-            return
-        generation = max(last, int(current.get("spec", {}).get("pool", {}).get("generation", 0))) + 1
-        version = str(current.get("metadata", {}).get("resourceVersion", ""))
-        await self._cluster.replace_slice(
-            slice_body(name, self._owner, _with_generation(spec, generation), version)
-        )
-        self._generations[name] = generation
+            await self._cluster.create_slice(slice_body(name, self._owner, spec))
+        else:
+            version = str(current.get("metadata", {}).get("resourceVersion", ""))
+            await self._cluster.replace_slice(slice_body(name, self._owner, spec, version))
+        self._generations[pool["name"]] = max(self._generations.get(pool["name"], 0), pool["generation"])
         self.writes += 1
         self.log.info(
-            "ResourceSlice updated", slice=name, devices=len(spec["devices"]), generation=generation
+            "ResourceSlice published" if current is None else "ResourceSlice updated",
+            slice=name,
+            devices=len(spec["devices"]),
+            generation=pool["generation"],
+            slices=pool["resourceSliceCount"],
         )
+
+    async def _delete(self, name: str) -> None:
+        await self._cluster.delete_slice(name)
+        self.writes += 1
+        self.log.info("ResourceSlice deleted", slice=name)
 
     async def _watch_deletions(self) -> None:
         backoff = Backoff(0.5, 30.0)
@@ -143,7 +212,7 @@ class Publisher:
             started = loop.time()
             try:
                 async for name in self._cluster.slice_deletions(self._node, self._driver):
-                    if name in self._wanted:
+                    if name in self._wanted_names():
                         self.log.info(
                             "ResourceSlice deleted by someone else, publishing it again", slice=name
                         )
@@ -161,5 +230,6 @@ class Publisher:
             self.poke()  # a watch (re)started may have missed deletions meanwhile
 
 
-def _with_generation(spec: dict[str, Any], generation: int) -> dict[str, Any]:
-    return {**spec, "pool": {**spec["pool"], "generation": generation}}
+def _in_pool(spec: dict[str, Any], slice_count: int, generation: int) -> dict[str, Any]:
+    """``spec`` as one of ``slice_count`` slices of its pool at ``generation``."""
+    return {**spec, "pool": {**spec["pool"], "generation": generation, "resourceSliceCount": slice_count}}

@@ -1,4 +1,8 @@
-"""A resource's devices as a ResourceSlice (``resource.k8s.io/v1``), built as a plain dict.
+"""A resource's devices as the ResourceSlices of one pool (``resource.k8s.io/v1``), built as plain dicts.
+
+A slice holds at most :data:`MAX_DEVICES` devices, so a resource with more is published over as
+many slices as it needs, all of one pool. :class:`Placement` says which slice each device is in,
+and keeps it there while the device exists, so one device changing rewrites one slice.
 
 Only healthy devices are published: the v1 API has no health field, and device taints are still
 alpha (``DRADeviceTaints``) in 1.35, so an unhealthy device is withdrawn from the slice and comes
@@ -8,12 +12,17 @@ counts them allocated).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from devicehost.hookspecs.types import Device, Health, Version
 from devicehost.host.dra.cluster import SLICE_API_VERSION
 from devicehost.host.dra.names import device_name
+
+MAX_DEVICES = 128
+"""Devices one ResourceSlice may hold (``resource.k8s.io/v1`` refuses more)."""
 
 
 def device_entry(device: Device) -> dict[str, Any]:
@@ -39,15 +48,65 @@ def _attribute_kind(value: bool | int | str) -> str:
     return "version" if isinstance(value, Version) else "string"
 
 
-def slice_spec(node: str, driver: str, pool: str, devices: Iterable[Device]) -> dict[str, Any]:
-    """The ``spec`` of the one slice of ``pool``: its healthy devices, in the order given (the
-    pool's generation is the publisher's to set)."""
+def slice_spec(
+    node: str, driver: str, pool: str, devices: Iterable[Device], slice_count: int = 1
+) -> dict[str, Any]:
+    """The ``spec`` of one slice of ``pool`` (of ``slice_count`` slices): its healthy devices, in
+    the order given (the pool's generation is the publisher's to set)."""
     return {
         "driver": driver,
         "nodeName": node,
-        "pool": {"name": pool, "resourceSliceCount": 1},
+        "pool": {"name": pool, "resourceSliceCount": slice_count},
         "devices": [device_entry(d) for d in devices if d.health is Health.HEALTHY],
     }
+
+
+class Placement:
+    """Which slice of its pool each device of one resource is in.
+
+    A device keeps its slice while it exists, healthy or not (an unhealthy one keeps its place
+    while it is withdrawn), so a device appearing, going or changing rewrites its own slice only.
+    A new device takes the first slice with room. The pool has as many slices as its devices
+    need, ``ceil(devices / per_slice)``, at least one; when devices go and fewer slices would do,
+    the devices of the slices that go move into the room left in the others (every slice is
+    rewritten then anyway: each carries the pool's slice count).
+    """
+
+    def __init__(self, per_slice: int = MAX_DEVICES) -> None:
+        self.per_slice = per_slice
+        self.slot: dict[str, int] = {}
+        """Device ID -> index of its slice."""
+        self.count = 1
+        """Slices in the pool at the last :meth:`place`."""
+
+    def place(self, device_ids: Sequence[str]) -> list[list[str]]:
+        """The device IDs of each slice, in the order given; remembered for the next call."""
+        present = set(device_ids)
+        count = max(1, math.ceil(len(present) / self.per_slice))
+        slot = {d: s for d, s in self.slot.items() if d in present and s < count}
+        used = Counter(slot.values())
+        free = 0
+        for device in device_ids:
+            if device in slot:
+                continue
+            while used[free] >= self.per_slice:
+                free += 1
+            slot[device] = free
+            used[free] += 1
+        self.slot, self.count = slot, count
+        slices: list[list[str]] = [[] for _ in range(count)]
+        for device in dict.fromkeys(device_ids):
+            slices[slot[device]].append(device)
+        return slices
+
+
+def pool_specs(
+    node: str, driver: str, pool: str, devices: Sequence[Device], placement: Placement
+) -> list[dict[str, Any]]:
+    """The ``spec`` of each slice of ``pool``, first to last, as ``placement`` places ``devices``."""
+    by_id = {d.id: d for d in devices}
+    slices = placement.place([d.id for d in devices])
+    return [slice_spec(node, driver, pool, [by_id[i] for i in ids], len(slices)) for ids in slices]
 
 
 def slice_body(
