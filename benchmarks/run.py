@@ -25,6 +25,7 @@ import structlog
 
 from benchmarks import allocate, coldstart, health, idle, realkubelet, restart, scale, soak, throughput
 from benchmarks.dra_prepare import measure as dra_prepare
+from benchmarks.dra_publish import measure as dra_publish
 from benchmarks.figures import Figure
 from benchmarks.procs import compile_sources
 from benchmarks.settings import MODES, Settings
@@ -41,6 +42,7 @@ MEASUREMENTS: dict[str, Measure] = {
     "kubelet": realkubelet.measure,
     "idle": idle.measure,
     "dra_prepare": dra_prepare,
+    "dra_publish": dra_publish,
 }
 PACKAGES = ("devicehost", "devicehost-example", "grpcio", "protobuf", "pluggy", "structlog", "asyncinotify")
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "results.json"
