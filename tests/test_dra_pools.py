@@ -5,6 +5,10 @@ and a claim on a device of the 5th slice prepares."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -131,3 +135,24 @@ async def test_rediscovery_with_nothing_changed_writes_nothing(root: Path) -> No
             while backend.discoveries < seen + 10:  # every 50 ms
                 await asyncio.sleep(0.05)
         assert writes(cluster) == 8
+
+
+def test_the_publish_benchmark_reports_the_writes(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "dra_publish", "--out", str(out)],
+        cwd=Path(__file__).resolve().parent.parent,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
+    writes = {name: (f["value"], f["baseline"]) for name, f in figures.items() if f["unit"] == "writes"}
+    assert writes == {
+        "API writes, first publish (8 slices)": (8, 8),
+        "API writes, one device unhealthy and back 10 times": (20, 160),  # bare: every slice each time
+        "API writes, rediscovery with nothing changed": (0, 0),
+    }
+    for figure in figures.values():
+        assert math.isfinite(figure["value"])
+        assert figure["value"] >= 0
