@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hostfakes import install_test_backends
+from hostfakes import install_fake_distribution, install_test_backends
 
-from devicehost.testing.conformance_dra import slice_problems
-from devicehost.testing.conformance_support import RULES
+import devicehost
+from devicehost.testing.conformance_dra import device_id, dra_run, slice_problems
+from devicehost.testing.conformance_support import RULES, DirectBackend, load_plugin
 from devicehost.testing.host import BackendLoadError, host_process, running_host
 from devicehost.testing.kubelet import KubeletStandIn
 
@@ -33,15 +34,17 @@ rootdir), the test, the rule it broke."""
 
 
 def conformance(
-    workdir: Path, backend: str, settings: object = None, *, dra: bool = False
+    workdir: Path, backend: str, settings: object = None, *, dra: bool = False, site: Path | None = None
 ) -> tuple[int, dict[str, str], str]:
-    """Run the conformance command (with the DRA checks when ``dra``); its exit status, broken
-    rule by test name, and its output."""
+    """Run the conformance command (with the DRA checks when ``dra``, and backends installed in
+    ``site`` too); its exit status, broken rule by test name, and its output."""
     args = [*CONFORMANCE, "--devicehost-backend", backend, *(["--devicehost-dra"] if dra else [])]
     if settings is not None:
         (workdir / "settings.yaml").write_text(yaml.safe_dump(settings))
         args += ["--devicehost-settings", "settings.yaml"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVICEHOST_", "PYTEST_"))}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     env["COLUMNS"] = "300"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", *args, *STRICT],
@@ -59,14 +62,193 @@ def test_example_backend_conforms(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example")
     assert (code, broken) == (0, {}), output
     assert "passed" in output
-    assert "4 deselected" in output  # the DRA checks run only when asked for
+    assert "8 deselected" in output  # the DRA checks run only when asked for
 
 
 def test_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example", dra=True)
     assert (code, broken) == (0, {}), output
-    assert "passed, 1 skipped" in output  # only preferred-allocation: every DRA check ran
+    # preferred-allocation, and dra-config-refused (no claim config model): every other DRA check ran
+    assert "passed, 2 skipped" in output
     assert "deselected" not in output
+
+
+def test_dra_example_backend_conforms_through_dra(short_tmp: Path) -> None:
+    """The port: a settings model, a claim config model, its resource declared served through DRA."""
+    code, broken, output = conformance(short_tmp, "dra-example", dra=True)
+    assert (code, broken) == (0, {}), output
+    # the device plugin wire checks (served through DRA only), health both ways, preferred
+    # allocation, start/stop, release: the backend implements none of them
+    assert "19 passed, 11 skipped" in output
+
+
+BROKEN_DRA = """
+import threading
+from typing import Literal
+
+from pydantic import BaseModel, model_validator
+
+import devicehost
+from devicehost import cdi
+
+KIND = "broken-dra.example.com/claim"
+RENAMED = {"kind": "kind", "size": "size", "sharing": "size"}
+
+
+class Config(BaseModel):
+    kind: Literal["Config"]
+    size: int = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data):
+        return {RENAMED[key]: value for key, value in data.items()}  # KeyError for an unknown key
+
+
+class BrokenDraBackend:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.in_use = set()
+        self.spec_devices = {}
+
+    @devicehost.hookimpl
+    def devicehost_claim_config_model(self):
+        return Config
+
+    @devicehost.hookimpl
+    def devicehost_discover(self):
+        return [devicehost.Resource("broken-dra.example.com/gpu", [devicehost.Device(i) for i in ("g0", "g1")])]
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self, resource, device_ids, claim):
+        if set(device_ids) - {"g0", "g1"}:
+            raise ValueError(f"no such devices {device_ids}")
+        envs = {"GPUS": ",".join(device_ids)}
+        if claim is None:
+            return devicehost.ContainerAllocation(envs=envs)
+        if claim.config is not None:
+            envs["SIZE"] = str(claim.config["size"])  # written for a mapping: the hook gets a Config
+        with self.lock:
+            busy = self.in_use & set(device_ids)
+            if busy:  # exclusive, whatever admin_access says
+                raise RuntimeError(f"{sorted(busy)} in use")
+            self.in_use |= set(device_ids)
+            for device in device_ids:  # a CDI device per request: 'device/first-g0' is no CDI name
+                edits = cdi.ContainerEdits(env={"GPU": device})
+                self.spec_devices[f"{claim.name}-{device}"] = cdi.Device(f"{claim.name}-{device}", edits)
+            cdi.write_spec(cdi.Spec(kind=KIND, devices=list(self.spec_devices.values())))
+        return devicehost.ContainerAllocation(
+            envs=envs, cdi_devices=[f"{KIND}={claim.name}-{device}" for device in device_ids]
+        )
+
+    @devicehost.hookimpl
+    def devicehost_release(self, resource, device_ids):
+        with self.lock:
+            self.in_use -= set(device_ids)
+"""
+
+
+def test_kit_fails_a_dra_backend_naming_each_broken_dra_rule(short_tmp: Path) -> None:
+    """A backend that breaks each new DRA rule in a way a vendor could: its allocate reads the
+    configuration as a mapping, its model raises KeyError on an unknown key, it refuses a device
+    an admin-access claim shares, and it names CDI devices after the request."""
+    site = short_tmp / "site"
+    install_fake_distribution(
+        site,
+        "devicehost-broken-dra",
+        "dh_broken_dra",
+        BROKEN_DRA,
+        "broken-dra = dh_broken_dra:BrokenDraBackend",
+    )
+    code, broken, output = conformance(short_tmp, "broken-dra", dra=True, site=site)
+    assert code == 1, output
+    assert broken == {
+        "test_dra_claim_config_reaches_the_hook": "dra-config",
+        "test_dra_refused_config_fails_its_claim_alone": "dra-config-refused",
+        "test_dra_admin_access_shares_a_held_device": "dra-admin-access",
+        "test_dra_subrequest_claims_are_prepared": "dra-subrequest",
+    }, output
+    assert set(broken.values()) <= set(RULES)
+    assert "TypeError: 'Config' object is not subscriptable" in output
+    assert "Unexpected <class 'KeyError'>: 'devicehostConformanceUnknown'" in output
+    assert "['g0'] in use (an admin-access claim of g0, which a normal claim holds)" in output
+    assert "CDI device name 'device/first-g0' must be letters, digits" in output
+    assert "[dra-prepare]" not in output  # claims without config, admin access or subrequests prepare
+
+
+class ReleasingBackend:
+    """Two widgets and a release hook, for the host-side guarantees the DRA rules rely on."""
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[devicehost.Resource]:
+        return [
+            devicehost.Resource(
+                "release.example.com/widget", (devicehost.Device("w0"), devicehost.Device("w1"))
+            )
+        ]
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self, device_ids: tuple[str, ...]) -> devicehost.ContainerAllocation:
+        return devicehost.ContainerAllocation(envs={"WIDGETS": ",".join(device_ids)})
+
+    @devicehost.hookimpl
+    def devicehost_release(self, resource: str, device_ids: tuple[str, ...]) -> None:
+        return None
+
+
+async def test_dra_host_releases_a_shared_device_once_when_its_last_claim_goes(short_tmp: Path) -> None:
+    """Host side of dra-admin-access, which no backend can break: unpreparing an admin-access
+    claim of a device a normal claim holds releases nothing; unpreparing the normal one releases
+    the device exactly once, whichever claim goes first."""
+    cdi_dir = short_tmp / "cdi"
+    cdi_dir.mkdir()
+    async with dra_run(short_tmp, "releasing", ReleasingBackend(), {}, cdi_dir, hook_timeout=5.0) as run:
+        [resource] = ReleasingBackend().devicehost_discover()
+        await run.published(resource, ["w0", "w1"], "dra-admin-access")
+        await run.registered(resource, "dra-admin-access")
+        device = run.devices(resource)[0]  # type: ignore[index]
+        released = [(resource.name, (device_id(device),))]
+        for admin_first in (True, False):
+            normal = run.claim(resource, [device["name"]])
+            admin = run.claim(resource, [device["name"]], admin_access=True)
+            await run.prepare(resource, normal, "dra-prepare")
+            await run.prepare(resource, admin, "dra-admin-access")
+            assert [c.admin_access for _, _, c in run.allocated(admin) if c] == [True]
+            first, last = (admin, normal) if admin_first else (normal, admin)
+            run.releases.clear()
+            await run.unprepare(resource, first, "dra-unprepare")
+            assert run.releases == [], admin_first
+            assert run.prepared_claims(resource) == 1
+            await run.unprepare(resource, last, "dra-unprepare")
+            assert run.releases == released, admin_first
+            assert run.prepared_claims(resource) == 0
+
+
+async def test_dra_host_refuses_a_config_for_its_claim_alone_before_any_allocate(short_tmp: Path) -> None:
+    """Host side of dra-config-refused: the key path in the claim's error, no allocate call for
+    it, the other claim of the same call prepared."""
+    cdi_dir = short_tmp / "cdi"
+    cdi_dir.mkdir()
+    plugin = load_plugin("dra-example")
+    async with dra_run(short_tmp, "dra-example", plugin, {"num_gpus": 2}, cdi_dir, hook_timeout=5.0) as run:
+        [resource] = DirectBackend("dra-example", plugin).discover()
+        await run.published(resource, ["gpu-0", "gpu-1"], "dra-config")
+        await run.registered(resource, "dra-config")
+        valid = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
+        wrong = {**valid, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Never"}}}
+        bad = run.claim(resource, ["gpu-0"], config=wrong)
+        good = run.claim(resource, ["gpu-1"], config=valid)
+        error = await run.prepare_all(resource, [bad, good])
+        assert error is not None
+        assert f"failed for claim {bad[0]}/{bad[2]}: " in error
+        assert "parameters.sharing.timeSlicingConfig.interval" in error
+        assert good[2] not in error
+        assert run.allocated(bad) == []
+        [(_, ids, request)] = run.allocated(good)
+        assert ids == ("gpu-1",)
+        assert request is not None
+        model = DirectBackend("dra-example", plugin).hook.devicehost_claim_config_model()
+        assert request.config == model.model_validate(valid)
 
 
 def test_hostdev_backend_conforms_on_a_fake_tree(short_tmp: Path) -> None:

@@ -10,7 +10,13 @@ write CDI specs to the kit's temporary dir (the ``devicehost_cdi_dir`` fixture),
 machine's. When ``devicehost_start`` fails, "start-hook" reports it once, with the hook's own
 exception, and the wire checks are skipped rather than each timing out. The ``dra-*`` checks
 (marked ``devicehost_dra``) run only with ``--devicehost-dra``: the backend served through DRA
-(:mod:`devicehost.testing.conformance_dra`).
+(:mod:`devicehost.testing.conformance_dra`): ``dra-slices``, ``dra-prepare``, ``dra-unprepare``,
+``dra-health``, and for claims as real drivers get them ``dra-config`` (a configuration the
+backend's claim config model takes, from its JSON schema ``examples``, reaches the hook as an
+instance of it), ``dra-config-refused`` (one it refuses fails that claim alone), ``dra-admin-access``
+(an admin-access claim shares a device a normal claim holds) and ``dra-subrequest`` (a prioritized
+list's ``request/subrequest``). A backend whose resources all declare ``serve_through="dra"``
+skips the device plugin wire checks.
 """
 
 from __future__ import annotations
@@ -36,7 +42,18 @@ from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
 from devicehost.standin import AdmissionError, EventKind, KubeletStandIn, ResourceView
-from devicehost.testing.conformance_dra import DraRun, device_id, dra_run, slice_problems
+from devicehost.testing.conformance_dra import (
+    SUBREQUEST,
+    UNKNOWN_KEY,
+    DraRun,
+    config_problem,
+    device_id,
+    dra_run,
+    received_problem,
+    refused_config,
+    sample_configs,
+    slice_problems,
+)
 from devicehost.testing.conformance_support import (
     HEALTH_HOOK,
     UNKNOWN_ID,
@@ -664,6 +681,139 @@ async def test_dra_unprepare_releases(direct: DirectBackend, served: list[Resour
         broken("dra-unprepare", f"{resource.name}: the host still holds the unprepared claim")
     again = dra.claim(resource, [device["name"]])
     await dra.prepare(resource, again, "dra-unprepare")
+
+
+async def _published_names(dra: DraRun, resource: Resource, rule: str, at_least: int = 1) -> list[str]:
+    """The resource's published device names, once its driver is registered; skips with fewer
+    than ``at_least``."""
+    names = [d["name"] for d in await dra.published(resource, healthy_ids(resource), rule)]
+    await dra.registered(resource, rule)
+    if len(names) < at_least:
+        pytest.skip(f"{resource.name} has {len(names)} healthy devices, {rule} needs {at_least}")
+    return names
+
+
+def _valid_configs(dra: DraRun, rule: str) -> list[dict[str, Any]]:
+    """The configurations the backend takes (see conformance_dra.sample_configs); skips when the
+    suite has none."""
+    model = dra.config_model
+    configs = sample_configs(model)
+    if not configs:
+        assert model is not None
+        pytest.skip(
+            f"no configuration for {model.__name__} to check {rule} with: give the model JSON schema"
+            ' examples (model_config = ConfigDict(json_schema_extra={"examples": [...]}))'
+        )
+    for n, config in enumerate(configs):
+        problem = config_problem(model, config)
+        if problem:
+            assert model is not None
+            broken(rule, f"{model.__name__} refuses its own example {n} {config!r:.200}: {problem}")
+    return configs
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_claim_config_reaches_the_hook(served: list[Resource], dra: DraRun) -> None:
+    resource = _with_healthy(served, "dra-config")
+    device = (await _published_names(dra, resource, "dra-config"))[0]
+    for config in _valid_configs(dra, "dra-config"):
+        claim = dra.claim(resource, [device], config=config)
+        answer = await dra.prepare(resource, claim, "dra-config")
+        problems = dra.answer_problems(resource, [device], answer)
+        calls = dra.allocated(claim)
+        if not calls:
+            problems.append(f"claim with configuration {config!r:.200}: no allocate call")
+        for _, _, request in calls:
+            assert request is not None
+            problem = received_problem(dra.config_model, config, request.config)
+            if problem:
+                problems.append(f"claim with configuration {config!r:.200}: {problem}")
+        if problems:
+            broken("dra-config", "; ".join(problems[:5]))
+        await dra.unprepare(resource, claim, "dra-config")
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_refused_config_fails_its_claim_alone(served: list[Resource], dra: DraRun) -> None:
+    if dra.config_model is None:
+        pytest.skip("no devicehost_claim_config_model: the backend takes any configuration")
+    rule = "dra-config-refused"
+    resource = _with_healthy(served, rule)
+    first, second = (await _published_names(dra, resource, rule, at_least=2))[:2]
+    valid = _valid_configs(dra, rule)[0]
+    bad = dra.claim(resource, [first], config=refused_config(valid))
+    good = dra.claim(resource, [second], config=valid)
+    error = await dra.prepare_all(resource, [bad, good])
+    what = f"{resource.name}: a claim configured {refused_config(valid)!r:.200} and one configured {valid!r:.200}"
+    if error is None:
+        broken(rule, f"{what}: both prepared, the unknown key {UNKNOWN_KEY!r} was not refused")
+    path = f"parameters.{UNKNOWN_KEY}"
+    bad_failed = f"failed for claim {bad[0]}/{bad[2]}: "
+    problems = []
+    if bad_failed not in error or path not in error.split(bad_failed, 1)[1]:
+        problems.append(f"the refused claim's error does not name {path!r}")
+    if f"{good[0]}/{good[2]}" in error or "rpc error" in error:
+        problems.append("the claim with a valid configuration failed with it")
+    if dra.allocated(bad):
+        problems.append("the allocate hook ran for the refused claim")
+    if problems:
+        broken(rule, f"{what}, prepared in one call: {'; '.join(problems)} (kubelet: {error})")
+    answer = await dra.prepare(resource, good, rule)
+    answer_problems = dra.answer_problems(resource, [second], answer)
+    if answer_problems:
+        broken(rule, "; ".join(answer_problems[:5]))
+    await dra.unprepare(resource, good, rule)
+    await dra.unprepare(resource, bad, rule)
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_admin_access_shares_a_held_device(served: list[Resource], dra: DraRun) -> None:
+    rule = "dra-admin-access"
+    resource = _with_healthy(served, rule)
+    device = (await _published_names(dra, resource, rule))[0]
+    normal = dra.claim(resource, [device])
+    await dra.prepare(resource, normal, "dra-prepare")
+    admin = dra.claim(resource, [device], admin_access=True)
+    try:
+        answer = await dra.prepare(resource, admin, rule)
+    except pytest.fail.Exception as exc:
+        raise pytest.fail.Exception(
+            f"{str(exc).splitlines()[0]} (an admin-access claim of {device}, which a normal claim holds)",
+            pytrace=False,
+        ) from None
+    problems = dra.answer_problems(resource, [device], answer)
+    if not any(c.admin_access for _, _, c in dra.allocated(admin) if c is not None):
+        problems.append(
+            f"{resource.name}: the allocate hook never got the admin-access claim with admin_access"
+        )
+    if problems:
+        broken(rule, "; ".join(problems[:5]))
+    await dra.unprepare(resource, admin, rule)
+    if dra.prepared_claims(resource) != 1:
+        broken(
+            rule, f"{resource.name}: unpreparing the admin-access claim took the normal claim of {device} too"
+        )
+    await dra.unprepare(resource, normal, rule)
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_subrequest_claims_are_prepared(served: list[Resource], dra: DraRun) -> None:
+    rule = "dra-subrequest"
+    resource = _with_healthy(served, rule)
+    device = (await _published_names(dra, resource, rule))[0]
+    claim = dra.claim(resource, [device], request=SUBREQUEST)
+    answer = await dra.prepare(resource, claim, rule)
+    problems = dra.answer_problems(resource, [device], answer, request=SUBREQUEST)
+    names = [c.name for _, _, c in dra.allocated(claim) if c is not None]
+    if names != [SUBREQUEST]:
+        problems.append(f"{resource.name}: the allocate hook got requests {names}, not [{SUBREQUEST!r}]")
+    if problems:
+        broken(rule, "; ".join(problems[:5]))
+    await dra.unprepare(resource, claim, rule)
 
 
 @dra_check

@@ -5,23 +5,38 @@ an in-memory API server and scheduler (:class:`~devicehost.testing.cluster.Clust
 the kubelet stand-in, whose plugin watcher takes the driver's registration from
 ``plugins_registry`` and prepares and unprepares claims over the wire. :func:`slice_problems`
 checks a published ResourceSlice against what the API server accepts.
+
+Claims may carry a request or ``request/subrequest`` name, an opaque configuration and admin
+access. The configurations the suite prepares come from the backend's claim config model
+(:func:`sample_configs`): the ``examples`` of its JSON schema
+(``model_config = ConfigDict(json_schema_extra={"examples": [...]})``), else the least one the
+suite can build from its required fields (a ``Literal``'s first value, an enum's first member,
+nested models likewise, defaults left out); a configuration the model refuses is a valid one
+with an unknown top-level key (:func:`refused_config`), which the host refuses for every model.
+Every call of the backend's allocate and release (through the host's facade) is recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import re
+import types
+import typing
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from devicehost import cdi
-from devicehost.hookspecs.types import Resource
+from devicehost.hookspecs import rules
+from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Resource
 from devicehost.host.daemon import Host
 from devicehost.host.dra import names
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
+from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from devicehost.standin import DraCallError, DraDevice, KubeletStandIn
 from devicehost.testing.cluster import ClusterStandIn
 from devicehost.testing.conformance_support import broken
@@ -30,6 +45,12 @@ from devicehost.testing.host import running_host
 NODE = "conformance-node"
 NAMESPACE = "conformance"
 REQUEST = "device"
+SUBREQUEST = f"{REQUEST}/first"
+"""A prioritized list's choice: subrequest ``first`` of request ``device``."""
+UNKNOWN_KEY = "devicehostConformanceUnknown"
+"""The key a refused configuration adds to a valid one (the host refuses unknown top-level keys)."""
+MAPPING_CONFIG: Mapping[str, Any] = {"devicehostConformance": {"sample": [1, "two"]}}
+"""The configuration prepared for a backend without a claim config model: any mapping will do."""
 WAIT = 5.0
 MAX_SLICE_DEVICES = 128
 """Devices one ResourceSlice may hold (``resource.k8s.io/v1``)."""
@@ -41,6 +62,8 @@ _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 ClaimRef = tuple[str, str, str]
+Allocated = tuple[str, tuple[str, ...], ClaimRequest | None]
+"""(resource, device IDs, claim) of one allocate call."""
 
 
 def _qualified_name_problem(name: str) -> str | None:
@@ -106,6 +129,8 @@ class DraRun:
     cdi_dir: Path
     releases: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     """(resource, device IDs) of every release hook call that returned, in order."""
+    allocations: list[Allocated] = field(default_factory=list)
+    """Every allocate call, as it was made (before the hook ran), in order."""
 
     def driver(self, resource: Resource) -> str:
         return names.driver_name(resource.name, self.host.config.dra_drivers)
@@ -150,14 +175,43 @@ class DraRun:
             broken(rule, f"{resource.name}: {exc}")
         return driver
 
-    def claim(self, resource: Resource, devices: Sequence[str]) -> ClaimRef:
-        """A claim the scheduler allocated ``devices`` (slice device names) of the resource's pool to."""
+    def claim(
+        self,
+        resource: Resource,
+        devices: Sequence[str],
+        *,
+        request: str = REQUEST,
+        config: Mapping[str, Any] | None = None,
+        admin_access: bool = False,
+    ) -> ClaimRef:
+        """A claim the scheduler allocated ``devices`` (slice device names) of the resource's pool to,
+        for ``request`` (``request/subrequest``: a prioritized list's choice), with ``config`` as
+        the claim's opaque parameters for the driver and the request, and admin access or not."""
         uid = str(uuid.uuid4())
         name = f"conformance-{uid[:8]}"
         driver, pool = self.driver(resource), self.pool(resource)
-        allocated = tuple(AllocatedDevice(REQUEST, driver, pool, device) for device in devices)
-        self.cluster.claims[(NAMESPACE, name)] = ClaimAllocation(uid, allocated)
+        allocated = tuple(AllocatedDevice(request, driver, pool, device, admin_access) for device in devices)
+        configs = () if config is None else (OpaqueConfig(driver, config, (request.partition("/")[0],)),)
+        self.cluster.claims[(NAMESPACE, name)] = ClaimAllocation(uid, allocated, configs)
         return NAMESPACE, uid, name
+
+    @property
+    def config_model(self) -> type[BaseModel] | None:
+        """The backend's claim config model, as the host loaded it (None: it declares none)."""
+        return self.host.backends.loaded[self.backend].claim_config_model
+
+    def allocated(self, claim: ClaimRef) -> list[Allocated]:
+        """The allocate calls made for ``claim``."""
+        return [a for a in self.allocations if a[2] is not None and a[2].uid == claim[1]]
+
+    async def prepare_all(self, resource: Resource, claims: Sequence[ClaimRef]) -> str | None:
+        """Prepare ``claims`` in one kubelet call: None when every one is prepared, else the
+        kubelet's error (which names each claim that came back with an error, and why)."""
+        try:
+            await self.kubelet.dra.prepare(self.driver(resource), claims, timeout=WAIT)
+        except DraCallError as exc:
+            return str(exc)
+        return None
 
     async def prepare(self, resource: Resource, claim: ClaimRef, rule: str) -> tuple[DraDevice, ...]:
         """The claim's devices as the driver prepared them; ``rule`` broken when it refuses."""
@@ -176,7 +230,7 @@ class DraRun:
         self.cluster.claims.pop((claim[0], claim[2]), None)
 
     def answer_problems(
-        self, resource: Resource, devices: Sequence[str], answer: Sequence[DraDevice]
+        self, resource: Resource, devices: Sequence[str], answer: Sequence[DraDevice], request: str = REQUEST
     ) -> list[str]:
         """What is wrong with a prepared claim's answer: devices, pools, requests, CDI IDs."""
         what = f"{resource.name} claim of {list(devices)}"
@@ -189,10 +243,11 @@ class DraRun:
             if d.pool != self.pool(resource)
         ]
         problems += [
-            f"{what}: {d.device} answered for requests {list(d.requests)}, not [{REQUEST!r}]"
+            f"{what}: {d.device} answered for requests {list(d.requests)}, not [{request!r}]"
             for d in answer
-            if REQUEST not in d.requests
+            if request not in d.requests
         ]
+        problems += [f"{what}: {p}" for d in answer for i in d.cdi_ids if (p := rules.cdi_name_problem(i))]
         defined = cdi.defined_names(self.cdi_dir)
         undefined = [i for d in answer for i in d.cdi_ids if i not in defined]
         if undefined:
@@ -214,6 +269,19 @@ class DraRun:
             self.releases.append((resource, tuple(device_ids)))
 
         backend.release = recording  # type: ignore[method-assign]
+
+    def _record_allocations(self) -> None:
+        """Note every allocate call of the host's backend, with the claim it hands the hook."""
+        backend = self.host.backends.loaded[self.backend]
+        allocate = backend.allocate
+
+        async def recording(
+            resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None = None
+        ) -> ContainerAllocation:
+            self.allocations.append((resource, tuple(device_ids), claim))
+            return await allocate(resource, device_ids, claim)
+
+        backend.allocate = recording  # type: ignore[method-assign]
 
 
 def _sorted(ids: set[str] | None) -> list[str] | str:
@@ -250,4 +318,93 @@ async def dra_run(
     ):
         run = DraRun(backend, host, cluster, kubelet, cdi_dir)
         run._record_releases()
+        run._record_allocations()
         yield run
+
+
+def sample_configs(model: type[BaseModel] | None) -> list[dict[str, Any]]:
+    """Configurations the backend takes: :data:`MAPPING_CONFIG` without a model; else the
+    ``examples`` of the model's JSON schema, or the least one built from its required fields
+    (empty when it cannot be built; whether the model accepts them is for the caller to check)."""
+    if model is None:
+        return [dict(MAPPING_CONFIG)]
+    try:
+        examples = model.model_json_schema().get("examples")
+    except Exception:  # a model pydantic cannot describe as JSON schema: build one instead
+        examples = None
+    if isinstance(examples, list) and any(isinstance(e, dict) for e in examples):
+        return [e for e in examples if isinstance(e, dict)]
+    built = least_config(model)
+    return [] if built is None else [built]
+
+
+def refused_config(valid: Mapping[str, Any]) -> dict[str, Any]:
+    """``valid`` with a top-level key no model knows: refused at ``parameters.<UNKNOWN_KEY>``."""
+    return {**valid, UNKNOWN_KEY: "devicehost conformance"}
+
+
+_NO_VALUE = object()
+
+
+def least_config(model: type[BaseModel]) -> dict[str, Any] | None:
+    """The model's required fields (by alias), each with the least value its type takes; None
+    when a field's type gives no obvious value."""
+    built: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if not info.is_required():
+            continue
+        value = _least_value(info.annotation)
+        if value is _NO_VALUE:
+            return None
+        built[info.validation_alias if isinstance(info.validation_alias, str) else info.alias or name] = value
+    return built
+
+
+def _least_value(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return typing.get_args(annotation)[0]
+    if origin is typing.Annotated:
+        return _least_value(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        return None if type(None) in args else _least_value(args[0])
+    if origin in (list, tuple, set, frozenset, Sequence):
+        return []
+    if origin in (dict, Mapping):
+        return {}
+    if isinstance(annotation, type):
+        if issubclass(annotation, enum.Enum):
+            return next(iter(annotation)).value
+        if issubclass(annotation, BaseModel):
+            nested = least_config(annotation)
+            return _NO_VALUE if nested is None else nested
+        for kind, value in ((bool, False), (int, 0), (float, 0.0), (str, "")):
+            if issubclass(annotation, kind):
+                return value
+    return _NO_VALUE
+
+
+def config_problem(model: type[BaseModel] | None, config: Mapping[str, Any]) -> str | None:
+    """Why the backend's model refuses ``config`` (None: it takes it)."""
+    if model is None:
+        return None
+    try:
+        model.model_validate(config)
+    except ValidationError as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
+def received_problem(model: type[BaseModel] | None, given: Mapping[str, Any], received: object) -> str | None:
+    """What is wrong with the configuration the allocate hook received for ``given``: an instance
+    of the model equal to ``given`` validated, or without a model the mapping as given."""
+    if model is None:
+        if received != given:
+            return f"the hook received {received!r:.200}, not the mapping given {dict(given)!r:.200}"
+        return None
+    if not isinstance(received, model):
+        return f"the hook received {received!r:.200}, not a {model.__name__}"
+    if received != model.model_validate(given):
+        return f"the hook received {received!r:.200}, not {given!r:.200} validated"
+    return None

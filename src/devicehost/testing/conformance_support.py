@@ -52,6 +52,10 @@ RULES = {
     "dra-slices": "served through DRA, each resource's healthy devices are published in its ResourceSlice, with names and attributes the API server accepts",
     "dra-prepare": "a claim of one device (and of two) is prepared through the kubelet: its devices, in the resource's pool, with CDI IDs a spec in the CDI dir defines; asked again, the same answer",
     "dra-unprepare": "a claim unprepared through the kubelet reaches devicehost_release (when implemented), leaves the host, and its device can be prepared again",
+    "dra-config": "a claim whose configuration the backend's claim config model takes (its JSON schema examples, else one built from its required fields) is prepared, and the allocate hook gets an instance of the model; without a model, any mapping is prepared and arrives as given",
+    "dra-config-refused": "a claim whose configuration the model refuses (an unknown key) fails alone, naming the key path, without an allocate call, and the other claims of the same call are prepared: a model refuses with ValueError (pydantic's ValidationError), never another exception",
+    "dra-admin-access": "an admin-access claim of a device a normal claim holds is prepared (the hook gets admin_access=True: it must not refuse a device another claim holds), and unpreparing it leaves the normal claim prepared",
+    "dra-subrequest": "a claim a prioritized list allocated (request 'request/subrequest') is prepared, its devices answered for 'request/subrequest' with valid CDI names a spec in the CDI dir defines",
     "dra-health": "a device the backend makes Unhealthy leaves its ResourceSlice and comes back when Healthy again (devicehost_conformance_set_health)",
 }
 """The ``dra-*`` rules run only with ``--devicehost-dra`` (see :mod:`devicehost.testing.conformance_dra`)."""
