@@ -13,7 +13,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from devicehost.host.cli import cmd_backends, cmd_config, cmd_new_backend, cmd_run, cmd_status
+from devicehost.host.cli import (
+    cmd_backends,
+    cmd_config,
+    cmd_new_backend,
+    cmd_run,
+    cmd_status,
+    cmd_webhook,
+)
 from devicehost.host.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, Parser
 
 if TYPE_CHECKING:
@@ -27,6 +34,7 @@ COMMANDS: tuple[Callable[[Commands], None], ...] = (
     cmd_config.add_parser,
     cmd_status.add_parser,
     cmd_new_backend.add_parser,
+    cmd_webhook.add_parser,
 )
 """Each command's parser, in the order ``--help`` lists them."""
 
