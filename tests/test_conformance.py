@@ -170,7 +170,7 @@ def test_kit_fails_a_dra_backend_naming_each_broken_dra_rule(short_tmp: Path) ->
     }, output
     assert set(broken.values()) <= set(RULES)
     assert "TypeError: 'Config' object is not subscriptable" in output
-    assert "Unexpected <class 'KeyError'>: 'devicehostConformanceUnknown'" in output
+    assert "the model's validation raised KeyError: 'devicehostConformanceUnknown'" in output
     assert "['g0'] in use (an admin-access claim of g0, which a normal claim holds)" in output
     assert "CDI device name 'device/first-g0' must be letters, digits" in output
     assert "[dra-prepare]" not in output  # claims without config, admin access or subrequests prepare

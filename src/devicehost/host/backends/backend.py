@@ -206,7 +206,13 @@ class Backend:
         """
         if self.claim_config_model is None:
             return parameters
-        value, problems = validated(self.claim_config_model, parameters, (where,))
+        try:
+            value, problems = validated(self.claim_config_model, parameters, (where,))
+        except Exception as exc:  # a validator that breaks: that claim fails, not the kubelet's call
+            self.failures["devicehost_claim_config_model"] += 1
+            raise ClaimConfigRefused(
+                self.name, [f"{where}: the model's validation raised {type(exc).__name__}: {exc}"]
+            ) from exc
         if problems or value is None:
             raise ClaimConfigRefused(self.name, problems)
         return value
