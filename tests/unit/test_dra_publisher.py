@@ -11,7 +11,7 @@ from hostfakes import captured_logs
 
 from devicehost import Device
 from devicehost.host.dra import publisher as publisher_module
-from devicehost.host.dra.publisher import Publisher
+from devicehost.host.dra.publisher import Publisher, problem_kind
 from devicehost.host.dra.slices import slice_body, slice_spec
 from devicehost.testing.cluster import NODE_UID
 
@@ -220,3 +220,44 @@ async def test_withdraw_all_gives_up_on_a_hanging_api_server(monkeypatch: pytest
     monkeypatch.setattr(publisher_module, "STOP_TIMEOUT", 0.1)
     async with asyncio.timeout(2):
         await publisher.withdraw_all()
+
+
+async def test_a_bug_in_publishing_is_logged_with_its_traceback_and_retried() -> None:
+    """A non-API exception (a value the client cannot encode, say) used to end the publishing
+    task silently: no slice, no line."""
+    cluster = CountingCluster()
+    calls = 0
+    real = cluster.create_slice
+
+    async def create(body: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise TypeError("Encoding objects of type Version is unsupported")
+        await real(body)
+
+    cluster.create_slice = create  # type: ignore[method-assign]
+    with captured_logs() as logs:
+        publisher = Publisher(cluster, NODE, DRIVER)
+        task = asyncio.create_task(publisher.run())
+        publisher.want(SLICE, spec("w0"))
+        try:
+            await cluster.wait(lambda c: SLICE in c.stored, timeout=5)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    (failed,) = [e for e in logs if e["event"] == "publishing ResourceSlices failed, retrying with backoff"]
+    assert "TypeError" in failed["error"]
+    assert failed["exc_info"] is True
+    assert calls == 2
+
+
+def test_a_problem_is_the_same_whatever_resource_versions_it_names() -> None:
+    first = problem_kind(
+        "watching ResourceSlices: 504 Timeout: Too large resource version: 682, current: 681"
+    )
+    again = problem_kind(
+        "watching ResourceSlices: 504 Timeout: Too large resource version: 683, current: 682"
+    )
+    assert first == again
+    assert problem_kind("a") != problem_kind("b")

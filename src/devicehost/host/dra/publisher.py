@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -111,11 +112,13 @@ class Publisher:
                 self._dirty.clear()
                 try:
                     await self.sync()
-                except ClusterError as exc:
-                    delay, changed = self._backoff.fail(str(exc))
+                except Exception as exc:  # a bug too: said with its traceback, never a silent end
+                    delay, changed = self._backoff.fail(problem_kind(f"{type(exc).__name__}: {exc}"))
                     if changed:
                         self.log.error(
-                            "publishing ResourceSlices failed, retrying with backoff", error=str(exc)
+                            "publishing ResourceSlices failed, retrying with backoff",
+                            error=str(exc) if isinstance(exc, ClusterError) else repr(exc),
+                            exc_info=not isinstance(exc, ClusterError),
                         )
                     self._dirty.set()
                     await asyncio.sleep(delay)
@@ -223,11 +226,17 @@ class Publisher:
             if problem is None:
                 backoff.reset()
             else:  # a watch that fails or ends at once is tried again with backoff, never in a spin
-                delay, changed = backoff.fail(problem)
+                delay, changed = backoff.fail(problem_kind(problem))
                 if changed:
                     self.log.warning("watching ResourceSlices failed, retrying with backoff", error=problem)
                 await asyncio.sleep(delay)
             self.poke()  # a watch (re)started may have missed deletions meanwhile
+
+
+def problem_kind(problem: str) -> str:
+    """What a failure is, without the numbers that change from one try to the next (a
+    resourceVersion in "Too large resource version: 682, current: 681"): said once, not per try."""
+    return re.sub(r"\d+", "N", problem)
 
 
 def _in_pool(spec: dict[str, Any], slice_count: int, generation: int) -> dict[str, Any]:
