@@ -486,3 +486,15 @@ def test_cert_manager_issues_the_secret_and_injects_the_ca() -> None:
     assert f"{service['name']}.{service['namespace']}.svc" in serving["spec"]["dnsNames"]
     issuers = {o["metadata"]["name"] for o in objects if o["kind"] == "Issuer"}
     assert serving["spec"]["issuerRef"]["name"] in issuers
+
+
+def test_the_docs_cover_the_component_and_the_failure_policy() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    dra = (REPO / "docs" / "dra.md").read_text()
+    section = dra[dra.index("### Claim configuration checked at admission") :]
+    for text in (readme, section):
+        assert "components/webhook" in text
+        assert "failurePolicy: Ignore" in text
+        assert "devicehost webhook-cert" in text
+    assert "components/webhook/cert-manager" in readme
+    assert "--driver BACKEND=DRIVER" in section

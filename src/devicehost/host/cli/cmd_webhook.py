@@ -55,10 +55,8 @@ def add_webhook_options(webhook: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help=f"where to serve HTTPS (default {DEFAULT_LISTEN})",
     )
-    webhook.add_argument(
-        "--tls-cert", type=Path, required=True, metavar="FILE", help="serving certificate (PEM)"
-    )
-    webhook.add_argument("--tls-key", type=Path, required=True, metavar="FILE", help="its private key (PEM)")
+    webhook.add_argument("--tls-cert", type=Path, metavar="FILE", help="serving certificate (PEM); required")
+    webhook.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM); required")
     webhook.add_argument(
         "--driver",
         action="append",
@@ -79,7 +77,7 @@ def add_webhook_options(webhook: argparse.ArgumentParser) -> None:
 
 def add_cert_options(cert: argparse.ArgumentParser) -> None:
     cert.add_argument(
-        "--out-dir", type=Path, required=True, metavar="DIR", help="where ca.crt, tls.crt, tls.key go"
+        "--out-dir", type=Path, metavar="DIR", help="where ca.crt, tls.crt, tls.key go; required"
     )
     cert.add_argument(
         "--service", default=DEFAULT_SERVICE, help=f"the webhook's Service (default {DEFAULT_SERVICE})"
@@ -125,6 +123,10 @@ def webhook_command(args: argparse.Namespace, config: HostConfig) -> int:
         named = parse_named_drivers(args.named_drivers)
     except ValueError as exc:
         raise CommandFailed(str(exc), EXIT_USAGE) from exc
+    if args.tls_cert is None or args.tls_key is None:
+        raise CommandFailed(
+            "--tls-cert and --tls-key are required: the API server calls webhooks over HTTPS", EXIT_USAGE
+        )
     if args.cert_check_interval <= 0:
         raise CommandFailed("--cert-check-interval must be more than 0 seconds", EXIT_USAGE)
     configure_logging(config.log_level, config.log_format)
@@ -150,6 +152,8 @@ def webhook_cert_command(args: argparse.Namespace, _config: HostConfig) -> int:
 
     names = [] if args.no_service_names else service_names(args.service, args.namespace)
     names += [n for n in args.dns_name if n not in names]
+    if args.out_dir is None:
+        raise CommandFailed("--out-dir is required: where ca.crt, tls.crt and tls.key go", EXIT_USAGE)
     if args.days <= 0:
         raise CommandFailed("--days must be 1 or more", EXIT_USAGE)
     try:

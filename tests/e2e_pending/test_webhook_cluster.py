@@ -1,0 +1,219 @@
+"""``devicehost webhook`` on the kit's real API server (to be moved into tests/e2e/ by the lead).
+
+The kit's API server has no kube-proxy: a Service's ClusterIP is not reachable from it, so the
+webhook runs as a process on the node (as the host does in test_dra_example.py) and the
+ValidatingWebhookConfiguration reaches it by ``clientConfig.url``
+(``https://127.0.0.1:<port>/validate-resource-claim``), with a certificate for 127.0.0.1 from
+``devicehost webhook-cert --ip-address 127.0.0.1``. The Deployment/Service of
+deploy/components/webhook are checked offline in tests/test_webhook.py.
+
+Every claim goes in with ``kubectl apply --dry-run=server``: admission runs (the webhook says
+``sideEffects: None``), nothing is stored, nothing is left behind. Needs the dra-example
+backend installed beside this Python (as test_dra_example.py does) and the `cryptography`
+package (devicehost[webhook-cert]).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from k8skit import Kit, until
+
+pytest.importorskip("cryptography")
+pytest.importorskip("devicehost_dra_example")
+
+DEVICEHOST = str(Path(sys.executable).parent / "devicehost")
+NAME = "devicehost-e2e-claim-config"
+DRIVER = "gpu.example.com"
+GOOD = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
+BAD = {**GOOD, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}}
+KEY_PATH = "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval"
+MODEL_WORDS = "Input should be 'Default', 'Short', 'Medium' or 'Long'"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class WebhookProcess:
+    """``devicehost webhook --backend dra-example`` on 127.0.0.1, its certificate and log."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.certs = workdir / "certs"
+        done = subprocess.run(
+            [DEVICEHOST, "webhook-cert", "--out-dir", str(self.certs), "--no-service-names",
+             "--ip-address", "127.0.0.1"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        self.ca_bundle = done.stdout.strip()
+        self.port = free_port()
+        self.log = workdir / "webhook.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [DEVICEHOST, "webhook", "--backend", "dra-example", "--log-format", "json",
+                 "--listen-address", f"127.0.0.1:{self.port}",
+                 "--tls-cert", str(self.certs / "tls.crt"), "--tls-key", str(self.certs / "tls.key")],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        context = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"https://127.0.0.1:{self.port}/readyz", context=context) as r:
+                    return bool(json.loads(r.read())["drivers"].get(DRIVER) == "dra-example")
+            except OSError:
+                return False
+
+        until(ready, "the webhook to know gpu.example.com", within=60)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+        self.process = None
+
+
+def configuration(webhook: WebhookProcess, failure_policy: str, versions: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": NAME},
+        "webhooks": [
+            {
+                "name": "claim-config.devicehost.io",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{webhook.port}/validate-resource-claim",
+                    "caBundle": webhook.ca_bundle,
+                },
+                "rules": [
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "apiVersions": versions,
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["resourceclaims", "resourceclaimtemplates"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "failurePolicy": failure_policy,
+                "timeoutSeconds": 5,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+            }
+        ],
+    }
+
+
+def served_versions(kit: Kit) -> list[str]:
+    groups = kit.kubectl("api-versions").split()
+    return [v for v in ("v1", "v1beta2", "v1beta1") if f"resource.k8s.io/{v}" in groups]
+
+
+def claim(parameters: dict[str, Any] | None, version: str = "v1", driver: str = DRIVER) -> dict[str, Any]:
+    request: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}
+    if version == "v1beta1":
+        request = {"name": "gpu", "deviceClassName": "gpu.example.com"}
+    devices: dict[str, Any] = {"requests": [request]}
+    if parameters is not None:
+        devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": driver, "parameters": parameters}}]
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "webhook-e2e", "namespace": "default"},
+        "spec": {"devices": devices},
+    }
+
+
+def template(parameters: dict[str, Any]) -> dict[str, Any]:
+    inner = claim(parameters)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "webhook-e2e", "namespace": "default"},
+        "spec": {"spec": inner["spec"]},
+    }
+
+
+def dry_run(kit: Kit, obj: dict[str, Any]) -> str:
+    """``kubectl apply --dry-run=server``: the API server's answer, admission included."""
+    return kit.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
+
+
+def refused(kit: Kit, obj: dict[str, Any]) -> str:
+    with pytest.raises(AssertionError) as failed:
+        dry_run(kit, obj)
+    return str(failed.value)
+
+
+@pytest.fixture(scope="module")
+def webhook(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookProcess]:
+    running = WebhookProcess(tmp_path_factory.mktemp("webhook"))
+    running.start()
+    kit.apply(configuration(running, "Ignore", served_versions(kit)))
+    try:
+        yield running
+    finally:
+        kit.kubectl("delete", "validatingwebhookconfiguration", NAME, "--ignore-not-found")
+        running.stop()
+
+
+def _settle() -> None:
+    time.sleep(2)  # the API server picks up a new webhook configuration within a second or so
+
+
+def test_an_invalid_claim_is_refused_with_the_models_message(kit: Kit, webhook: WebhookProcess) -> None:
+    _settle()
+    message = refused(kit, claim(BAD))
+    assert 'admission webhook "claim-config.devicehost.io" denied the request' in message
+    assert f"{KEY_PATH}: {MODEL_WORDS}" in message
+
+
+def test_a_valid_claim_a_claim_for_another_driver_and_one_without_config_are_admitted(
+    kit: Kit, webhook: WebhookProcess
+) -> None:
+    dry_run(kit, claim(GOOD))
+    dry_run(kit, claim({"whatever": True}, driver="gpu.other.example.com"))
+    dry_run(kit, claim(None))
+
+
+def test_an_invalid_template_is_refused_at_spec_spec(kit: Kit, webhook: WebhookProcess) -> None:
+    assert f"spec.{KEY_PATH}" in refused(kit, template(BAD))
+
+
+def test_an_invalid_v1beta1_claim_is_refused_where_v1beta1_is_served(
+    kit: Kit, webhook: WebhookProcess
+) -> None:
+    if "v1beta1" not in served_versions(kit):
+        pytest.skip("this API server does not serve resource.k8s.io/v1beta1")
+    assert KEY_PATH in refused(kit, claim(BAD, version="v1beta1"))
+
+
+def test_with_the_webhook_down_ignore_admits_and_fail_refuses(kit: Kit, webhook: WebhookProcess) -> None:
+    webhook.stop()
+    try:
+        started = time.monotonic()
+        dry_run(kit, claim(BAD))  # failurePolicy Ignore: admitted unchecked
+        assert time.monotonic() - started < 10
+        kit.apply(configuration(webhook, "Fail", served_versions(kit)))
+        _settle()
+        message = refused(kit, claim(GOOD))  # Fail: even a good claim is refused while it is down
+        assert "failed calling webhook" in message
+    finally:
+        kit.apply(configuration(webhook, "Ignore", served_versions(kit)))
+        webhook.start()
