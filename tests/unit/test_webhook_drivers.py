@@ -159,3 +159,15 @@ def test_listen_addresses(address: str, split: tuple[str, int]) -> None:
 def test_bad_listen_addresses(address: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         split_address(address)
+
+
+async def test_a_configure_hook_that_fails_is_a_problem_not_a_crash(installed: list[Status]) -> None:
+    class Unconfigurable(FakeBackend):
+        async def configure(self, settings: Mapping[str, Any]) -> None:
+            raise HookError(self.name, "devicehost_configure", "raised OSError: no device")
+
+    broken = Unconfigurable("odd", [resource("odd.io/x")])
+    installed.append(Status("odd", broken))
+    table = await build_table(config(), {"odd": ("odd.io",)})
+    assert table.backends == {}
+    assert table.problems == ("backend odd: backend 'odd' devicehost_configure raised OSError: no device",)

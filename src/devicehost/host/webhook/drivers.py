@@ -69,11 +69,17 @@ def parse_named_drivers(given: Sequence[str]) -> dict[str, tuple[str, ...]]:
 
 
 async def _discovered(backend: Backend, config: HostConfig) -> Sequence[Resource]:
-    """The backend configured as the host would, then its resources; none when either fails."""
+    """The backend configured as the host would, then its resources; none when discovery fails.
+
+    :raises HookError: the backend's settings are refused, or its configure hook fails.
+    """
     try:
         await backend.configure(config.backends.get(backend.name, {}))
     except SettingsRefused as exc:
         log.error("backend settings refused", backend=backend.name, problems=list(exc.problems))
+        raise
+    except HookError as exc:
+        log.error("backend could not be configured", backend=backend.name, error=str(exc))
         raise
     try:
         return await backend.discover()
@@ -101,6 +107,9 @@ async def build_table(config: HostConfig, named: Mapping[str, Sequence[str]]) ->
             resources = await _discovered(backend, config)
         except SettingsRefused as exc:
             problems.append(f"backend {backend.name}: settings refused: {'; '.join(exc.problems)}")
+            continue
+        except HookError as exc:
+            problems.append(f"backend {backend.name}: {exc}")
             continue
         drivers = [
             driver_name(r.name, config.dra_drivers)

@@ -156,7 +156,11 @@ class Webhook:
         except Exception as exc:  # a bad edit keeps what runs
             log.error("configuration not reloaded, keeping the previous one", error=str(exc))
             config = self.config
-        table = await build_table(config, self.named)
+        try:
+            table = await build_table(config, self.named)
+        except Exception as exc:  # a backend uninstalled under a running webhook: keep what runs
+            log.error("backends not reloaded, keeping the previous ones", error=str(exc))
+            return
         old, self.table, self.config = self.table, table, config
         if old is not None:
             old.close()
