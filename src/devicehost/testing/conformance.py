@@ -46,6 +46,7 @@ from devicehost.testing.conformance_dra import (
     SUBREQUEST,
     UNKNOWN_KEY,
     DraRun,
+    answer_problems,
     config_problem,
     device_id,
     dra_run,
@@ -651,7 +652,7 @@ async def test_dra_claims_are_prepared(served: list[Resource], dra: DraRun) -> N
         for devices in [*([name] for name in published), *([published[:2]] if len(published) > 1 else [])]:
             claim = dra.claim(resource, devices)
             first = await dra.prepare(resource, claim, "dra-prepare")
-            problems = dra.answer_problems(resource, devices, first)
+            problems = answer_problems(dra, resource, devices, first)
             if problems:
                 broken("dra-prepare", "; ".join(problems[:5]))
             again = await dra.prepare(resource, claim, "dra-prepare")
@@ -720,7 +721,7 @@ async def test_dra_claim_config_reaches_the_hook(served: list[Resource], dra: Dr
     for config in _valid_configs(dra, "dra-config"):
         claim = dra.claim(resource, [device], config=config)
         answer = await dra.prepare(resource, claim, "dra-config")
-        problems = dra.answer_problems(resource, [device], answer)
+        problems = answer_problems(dra, resource, [device], answer)
         calls = dra.allocated(claim)
         if not calls:
             problems.append(f"claim with configuration {config!r:.200}: no allocate call")
@@ -761,9 +762,9 @@ async def test_dra_refused_config_fails_its_claim_alone(served: list[Resource], 
     if problems:
         broken(rule, f"{what}, prepared in one call: {'; '.join(problems)} (kubelet: {error})")
     answer = await dra.prepare(resource, good, rule)
-    answer_problems = dra.answer_problems(resource, [second], answer)
-    if answer_problems:
-        broken(rule, "; ".join(answer_problems[:5]))
+    problems = answer_problems(dra, resource, [second], answer)
+    if problems:
+        broken(rule, "; ".join(problems[:5]))
     await dra.unprepare(resource, good, rule)
     await dra.unprepare(resource, bad, rule)
 
@@ -784,7 +785,7 @@ async def test_dra_admin_access_shares_a_held_device(served: list[Resource], dra
             f"{str(exc).splitlines()[0]} (an admin-access claim of {device}, which a normal claim holds)",
             pytrace=False,
         ) from None
-    problems = dra.answer_problems(resource, [device], answer)
+    problems = answer_problems(dra, resource, [device], answer)
     if not any(c.admin_access for _, _, c in dra.allocated(admin) if c is not None):
         problems.append(
             f"{resource.name}: the allocate hook never got the admin-access claim with admin_access"
@@ -807,7 +808,7 @@ async def test_dra_subrequest_claims_are_prepared(served: list[Resource], dra: D
     device = (await _published_names(dra, resource, rule))[0]
     claim = dra.claim(resource, [device], request=SUBREQUEST)
     answer = await dra.prepare(resource, claim, rule)
-    problems = dra.answer_problems(resource, [device], answer, request=SUBREQUEST)
+    problems = answer_problems(dra, resource, [device], answer, request=SUBREQUEST)
     names = [c.name for _, _, c in dra.allocated(claim) if c is not None]
     if names != [SUBREQUEST]:
         problems.append(f"{resource.name}: the allocate hook got requests {names}, not [{SUBREQUEST!r}]")

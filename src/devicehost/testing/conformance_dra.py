@@ -229,31 +229,6 @@ class DraRun:
             broken(rule, f"{resource.name}: {exc}")
         self.cluster.claims.pop((claim[0], claim[2]), None)
 
-    def answer_problems(
-        self, resource: Resource, devices: Sequence[str], answer: Sequence[DraDevice], request: str = REQUEST
-    ) -> list[str]:
-        """What is wrong with a prepared claim's answer: devices, pools, requests, CDI IDs."""
-        what = f"{resource.name} claim of {list(devices)}"
-        problems = []
-        if sorted(d.device for d in answer) != sorted(devices):
-            problems.append(f"{what}: answered devices {[d.device for d in answer]}")
-        problems += [
-            f"{what}: {d.device} answered in pool {d.pool!r}, not {self.pool(resource)!r}"
-            for d in answer
-            if d.pool != self.pool(resource)
-        ]
-        problems += [
-            f"{what}: {d.device} answered for requests {list(d.requests)}, not [{request!r}]"
-            for d in answer
-            if request not in d.requests
-        ]
-        problems += [f"{what}: {p}" for d in answer for i in d.cdi_ids if (p := rules.cdi_name_problem(i))]
-        defined = cdi.defined_names(self.cdi_dir)
-        undefined = [i for d in answer for i in d.cdi_ids if i not in defined]
-        if undefined:
-            problems.append(f"{what}: no spec in the CDI dir defines {undefined}")
-        return problems
-
     def prepared_claims(self, resource: Resource) -> int:
         """Claims the host holds prepared with the resource's devices (its state)."""
         states = [s for s in self.host.snapshot().resources if s.name == resource.name and s.dra is not None]
@@ -282,6 +257,36 @@ class DraRun:
             return await allocate(resource, device_ids, claim)
 
         backend.allocate = recording  # type: ignore[method-assign]
+
+
+def answer_problems(
+    run: DraRun,
+    resource: Resource,
+    devices: Sequence[str],
+    answer: Sequence[DraDevice],
+    request: str = REQUEST,
+) -> list[str]:
+    """What is wrong with a prepared claim's answer: devices, pools, requests, CDI IDs."""
+    what = f"{resource.name} claim of {list(devices)}"
+    problems = []
+    if sorted(d.device for d in answer) != sorted(devices):
+        problems.append(f"{what}: answered devices {[d.device for d in answer]}")
+    problems += [
+        f"{what}: {d.device} answered in pool {d.pool!r}, not {run.pool(resource)!r}"
+        for d in answer
+        if d.pool != run.pool(resource)
+    ]
+    problems += [
+        f"{what}: {d.device} answered for requests {list(d.requests)}, not [{request!r}]"
+        for d in answer
+        if request not in d.requests
+    ]
+    problems += [f"{what}: {p}" for d in answer for i in d.cdi_ids if (p := rules.cdi_name_problem(i))]
+    defined = cdi.defined_names(run.cdi_dir)
+    undefined = [i for d in answer for i in d.cdi_ids if i not in defined]
+    if undefined:
+        problems.append(f"{what}: no spec in the CDI dir defines {undefined}")
+    return problems
 
 
 def _sorted(ids: set[str] | None) -> list[str] | str:

@@ -177,59 +177,21 @@ class Claims:
             attached = self._resources[resource]
             admin = any(p.admin_access for p in chosen)
             try:
-                asked = ClaimRequest(request, claim, uid, self._config(attached, allocation, request), admin)
+                config = request_config(self._driver, attached, allocation, request)
+                asked = ClaimRequest(request, claim, uid, config, admin)
                 given = await attached.server.backend.allocate(
                     resource, tuple(p.device_id for p in chosen), asked
                 )
             except (HookError, _ClaimRefused) as exc:
                 await self._release(devices, "a later allocation of the claim failed")
                 raise _ClaimRefused(str(exc)) from None
-            _say_annotations_dropped(given)
-            cdi_ids = list(given.cdi_devices)
-            edits = cdi.edits_from_allocation(given)
-            if edits.to_dict():
-                cdi_name = names.cdi_device_name(request, resource)
-                spec_devices.append(cdi.Device(name=cdi_name, edits=edits))
-                cdi_ids.append(f"{kind}={cdi_name}")
-            for n, p in enumerate(chosen):
-                handed = tuple(cdi_ids) if n == 0 else ()
-                devices.append(
-                    PreparedDevice(
-                        request, attached.pool, p.device, resource, p.device_id, handed, p.admin_access
-                    )
-                )
+            spec_device, cdi_ids = cdi_answer(kind, request, resource, given)
+            spec_devices.extend([spec_device] if spec_device else [])
+            devices.extend(prepared_devices(request, attached.pool, resource, chosen, cdi_ids))
         return devices, spec_devices
 
-    def _config(self, attached: Attached, allocation: ClaimAllocation, request: str) -> object:
-        """The request's opaque configuration for this driver, checked by the backend's model."""
-        config = allocation.config(self._driver, request)
-        if config is None:
-            return None
-        try:
-            return attached.server.backend.claim_config(config.parameters, "parameters")
-        except HookError as exc:
-            raise _ClaimRefused(f"request {request!r}: {exc}") from None
-
     async def _release(self, devices: Collection[PreparedDevice], why: str, but: str = "") -> None:
-        """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds.
-
-        Used when a failed prepare gives back what it allocated (failures are logged: the claim
-        fails anyway) and when a claim is unprepared (failures raised: the kubelet asks again).
-        """
-        held = self.checkpoint.held(but=but)
-        free = by_resource(d for d in devices if (d.resource, d.device_id) not in held)
-        for resource, ids in free.items():
-            attached = self._resources.get(resource)
-            if attached is None:
-                raise _ClaimRefused(f"{resource} is not served right now; asked again later")
-            try:
-                await attached.server.backend.release(resource, ids)
-            except HookError as exc:
-                if but:
-                    raise _ClaimRefused(str(exc)) from None
-                self.log.error("release after a failed prepare failed", resource=resource, error=str(exc))
-        if free and not but:
-            self.log.warning("allocated devices released again", why=why, devices=dict(free))
+        await release_free(self.checkpoint, self._resources, devices, why, but, self.log)
 
     async def _unprepare(self, uid: str) -> None:
         claim = self.checkpoint.claims.get(uid)
@@ -243,6 +205,71 @@ class Claims:
         for resource, ids in claim.by_resource().items():
             hold(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
+
+
+def request_config(driver: str, attached: Attached, allocation: ClaimAllocation, request: str) -> object:
+    """The request's opaque configuration for ``driver``, checked by the backend's model."""
+    config = allocation.config(driver, request)
+    if config is None:
+        return None
+    try:
+        return attached.server.backend.claim_config(config.parameters, "parameters")
+    except HookError as exc:
+        raise _ClaimRefused(f"request {request!r}: {exc}") from None
+
+
+def prepared_devices(
+    request: str, pool: str, resource: str, chosen: Sequence[Picked], cdi_ids: tuple[str, ...]
+) -> list[PreparedDevice]:
+    """The request's devices as the checkpoint keeps them; the first carries the CDI IDs."""
+    return [
+        PreparedDevice(
+            request, pool, p.device, resource, p.device_id, cdi_ids if n == 0 else (), p.admin_access
+        )
+        for n, p in enumerate(chosen)
+    ]
+
+
+def cdi_answer(
+    kind: str, request: str, resource: str, given: ContainerAllocation
+) -> tuple[cdi.Device | None, tuple[str, ...]]:
+    """The CDI device of the claim's spec that ``given``'s edits become (None: no edits), and the
+    CDI IDs the request's containers get: the backend's own, then that device."""
+    _say_annotations_dropped(given)
+    edits = cdi.edits_from_allocation(given)
+    if not edits.to_dict():
+        return None, tuple(given.cdi_devices)
+    name = names.cdi_device_name(request, resource)
+    return cdi.Device(name=name, edits=edits), (*given.cdi_devices, f"{kind}={name}")
+
+
+async def release_free(
+    checkpoint: Checkpoint,
+    resources: Mapping[str, Attached],
+    devices: Collection[PreparedDevice],
+    why: str,
+    but: str,
+    log: structlog.typing.FilteringBoundLogger,
+) -> None:
+    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds.
+
+    Used when a failed prepare gives back what it allocated (failures are logged: the claim
+    fails anyway) and when the claim ``but`` is unprepared (failures raised: the kubelet asks again).
+    """
+    held = checkpoint.held(but=but)
+    free = by_resource(d for d in devices if (d.resource, d.device_id) not in held)
+    for resource, ids in free.items():
+        attached = resources.get(resource)
+        if attached is None:
+            raise _ClaimRefused(f"{resource} is not served right now; asked again later")
+        try:
+            await attached.server.backend.release(resource, ids)
+        except HookError as exc:
+            if but:
+                raise _ClaimRefused(str(exc)) from None
+            log.error("release after a failed prepare failed", resource=resource, error=str(exc))
+    if free and not but:
+        log.warning("allocated devices released again", why=why, devices=dict(free))
 
 
 def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -105,7 +105,8 @@ class Publisher:
 
     async def run(self) -> None:
         """Keep the slices in step until cancelled; a watch pokes on every deletion."""
-        watch = asyncio.create_task(self._watch_deletions(), name=f"slice watch {self._driver}")
+        watching = watch_deletions(self._cluster, self._node, self._driver, self._pools, self.poke, self.log)
+        watch = asyncio.create_task(watching, name=f"slice watch {self._driver}")
         try:
             while True:
                 await self._dirty.wait()
@@ -113,15 +114,8 @@ class Publisher:
                 try:
                     await self.sync()
                 except Exception as exc:  # a bug too: said with its traceback, never a silent end
-                    delay, changed = self._backoff.fail(problem_kind(f"{type(exc).__name__}: {exc}"))
-                    if changed:
-                        self.log.error(
-                            "publishing ResourceSlices failed, retrying with backoff",
-                            error=str(exc) if isinstance(exc, ClusterError) else repr(exc),
-                            exc_info=not isinstance(exc, ClusterError),
-                        )
                     self._dirty.set()
-                    await asyncio.sleep(delay)
+                    await asyncio.sleep(failed(exc, self._backoff, self.log))
                     continue
                 if self._backoff.reset():
                     self.log.info("ResourceSlices published again")
@@ -140,20 +134,13 @@ class Publisher:
                 return
         self.log.warning("ResourceSlices left behind; the kubelet deletes them once the driver is gone")
 
-    def _wanted_names(self) -> set[str]:
-        return {name for slices in self._pools.values() for name, _ in slices}
-
     async def sync(self) -> None:
         """Delete, replace and create slices until the published ones are the wanted ones."""
         published = dict(await self._cluster.slices(self._node, self._driver))
         pools = list(self._pools.values())
         if pools and self._owner is None:
             self._owner = (self._node, await self._cluster.node_uid(self._node))
-        seen: dict[str, int] = {}  # the newest generation published per pool name, gone ones too
-        for body in published.values():
-            pool = body.get("spec", {}).get("pool", {})
-            name = str(pool.get("name", ""))
-            seen[name] = max(seen.get(name, 0), int(pool.get("generation", 0)))
+        seen = newest_generations(published.values())
         wanted = {name: spec["pool"]["name"] for slices in pools for name, spec in slices}
         for name, body in list(published.items()):  # first: devices gone are withdrawn at once
             if wanted.get(name) != body.get("spec", {}).get("pool", {}).get("name"):
@@ -198,7 +185,7 @@ class Publisher:
         self.log.info(
             "ResourceSlice published" if current is None else "ResourceSlice updated",
             slice=name,
-            devices=len(spec["devices"]),
+            devices=len(spec.get("devices", ())),
             generation=pool["generation"],
             slices=pool["resourceSliceCount"],
         )
@@ -208,29 +195,61 @@ class Publisher:
         self.writes += 1
         self.log.info("ResourceSlice deleted", slice=name)
 
-    async def _watch_deletions(self) -> None:
-        backoff = Backoff(0.5, 30.0)
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                async for name in self._cluster.slice_deletions(self._node, self._driver):
-                    if name in self._wanted_names():
-                        self.log.info(
-                            "ResourceSlice deleted by someone else, publishing it again", slice=name
-                        )
-                        self.poke()
-                problem = "the watch ended" if loop.time() - started < WATCH_MIN_LIFE else None
-            except ClusterError as exc:
-                problem = str(exc)
-            if problem is None:
-                backoff.reset()
-            else:  # a watch that fails or ends at once is tried again with backoff, never in a spin
-                delay, changed = backoff.fail(problem_kind(problem))
-                if changed:
-                    self.log.warning("watching ResourceSlices failed, retrying with backoff", error=problem)
-                await asyncio.sleep(delay)
-            self.poke()  # a watch (re)started may have missed deletions meanwhile
+
+async def watch_deletions(
+    cluster: Cluster,
+    node: str,
+    driver: str,
+    pools: Mapping[str, Sequence[WantedSlice]],
+    poke: Callable[[], None],
+    log: structlog.typing.FilteringBoundLogger,
+) -> None:
+    """Poke the publisher when a slice of ``driver`` on ``node`` that ``pools`` (the publisher's,
+    as they change) want is deleted by anyone, and after every (re)start of the watch, which may
+    have missed deletions; for ever."""
+    backoff = Backoff(0.5, 30.0)
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        try:
+            async for name in cluster.slice_deletions(node, driver):
+                if any(name == wanted for pool in pools.values() for wanted, _ in pool):
+                    log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
+                    poke()
+            problem = "the watch ended" if loop.time() - started < WATCH_MIN_LIFE else None
+        except ClusterError as exc:
+            problem = str(exc)
+        if problem is None:
+            backoff.reset()
+        else:  # a watch that fails or ends at once is tried again with backoff, never in a spin
+            delay, changed = backoff.fail(problem_kind(problem))
+            if changed:
+                log.warning("watching ResourceSlices failed, retrying with backoff", error=problem)
+            await asyncio.sleep(delay)
+        poke()
+
+
+def failed(exc: Exception, backoff: Backoff, log: structlog.typing.FilteringBoundLogger) -> float:
+    """Count a failed sync: the seconds to wait, the failure said once per kind of problem (a bug
+    with its traceback)."""
+    delay, changed = backoff.fail(problem_kind(f"{type(exc).__name__}: {exc}"))
+    if changed:
+        log.error(
+            "publishing ResourceSlices failed, retrying with backoff",
+            error=str(exc) if isinstance(exc, ClusterError) else repr(exc),
+            exc_info=not isinstance(exc, ClusterError),
+        )
+    return delay
+
+
+def newest_generations(published: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The newest generation published per pool name, of slices gone since too."""
+    seen: dict[str, int] = {}
+    for body in published:
+        pool = body.get("spec", {}).get("pool", {})
+        name = str(pool.get("name", ""))
+        seen[name] = max(seen.get(name, 0), int(pool.get("generation", 0)))
+    return seen
 
 
 def problem_kind(problem: str) -> str:
