@@ -51,13 +51,13 @@ def domain(length: int) -> str:
         pytest.param(
             [(A, [res(WIDGET, "w0", "w2")])],
             {WIDGET: A},
-            Plan(update=((WIDGET, devices("w0", "w2")),)),
+            Plan(update=(res(WIDGET, "w0", "w2"),)),
             id="rediscovered-resource-updated-with-new-devices",
         ),
         pytest.param(
             [(A, [res(WIDGET)])],
             {WIDGET: A},
-            Plan(update=((WIDGET, ()),)),
+            Plan(update=(res(WIDGET),)),
             id="rediscovered-with-no-devices-is-updated-not-withdrawn",
         ),
         pytest.param(
@@ -90,7 +90,7 @@ def domain(length: int) -> str:
             Plan(
                 add=((A, res(GADGET, "g0")),),
                 withdraw=("example.com/old",),
-                update=((WIDGET, devices("w0")), (GIZMO, devices("z0"))),
+                update=(res(WIDGET, "w0"), res(GIZMO, "z0")),
             ),
             id="mixed-add-update-withdraw",
         ),
@@ -220,7 +220,7 @@ def test_a_long_invalid_name_is_cut_in_the_refusal() -> None:
             [(B, [res(WIDGET, "b0")]), (A, [res(WIDGET, "a0")])],
             {WIDGET: A},
             Plan(
-                update=((WIDGET, devices("a0")),),
+                update=(res(WIDGET, "a0"),),
                 refused=(Refusal(B, WIDGET, f"resource {WIDGET!r} is already served for backend {A!r}"),),
             ),
             id="served-for-a-offered-first-by-b-a-keeps-it",
@@ -229,7 +229,7 @@ def test_a_long_invalid_name_is_cut_in_the_refusal() -> None:
             [(A, [res(WIDGET, "a0")]), (B, [res(WIDGET, "b0")])],
             {WIDGET: A},
             Plan(
-                update=((WIDGET, devices("a0")),),
+                update=(res(WIDGET, "a0"),),
                 refused=(Refusal(B, WIDGET, f"resource {WIDGET!r} is already offered by backend {A!r}"),),
             ),
             id="served-for-a-offered-by-both",
@@ -262,7 +262,7 @@ def test_a_long_invalid_name_is_cut_in_the_refusal() -> None:
             [(A, [res(WIDGET, "w0"), res(WIDGET, "w1")])],
             {WIDGET: A},
             Plan(
-                update=((WIDGET, devices("w0")),),
+                update=(res(WIDGET, "w0"),),
                 refused=(Refusal(A, WIDGET, f"resource {WIDGET!r} is already offered by backend {A!r}"),),
             ),
             id="served-and-offered-twice-by-its-backend-updates-with-the-first",
@@ -294,7 +294,7 @@ def test_plan_properties(discovered: Discovered, served: dict[str, str]) -> None
     result = plan(discovered, served)
     added = [r.name for _, r in result.add]
     withdrawn = list(result.withdraw)
-    updated = [name for name, _ in result.update]
+    updated = [r.name for r in result.update]
     for names in (added, withdrawn, updated):
         assert len(set(names)) == len(names)
     assert not set(added) & set(withdrawn)

@@ -32,20 +32,22 @@ def root() -> Iterator[Path]:
 
 
 @asynccontextmanager
-async def served(root: Path, cluster: ClusterStandIn, backend: DraExampleBackend) -> AsyncIterator[str]:
+async def served(
+    root: Path, cluster: ClusterStandIn, backend: DraExampleBackend, slices: int = 1, **settings: Any
+) -> AsyncIterator[str]:
     """The host serving the port with no serve_through set: the backend's own default (dra) holds."""
     async with running_host(
         root / "dp",
         {"dra-example": backend},
         cluster=cluster,
         node_name="node-a",
-        backends={"dra-example": {"node_name": "node-a"}},
+        backends={"dra-example": {"node_name": "node-a", **settings}},
         dra_plugins_dir=root / "plugins",
         plugins_registry_dir=root / "registry",
         cdi_dir=root / "cdi",
         device_release=False,
     ):
-        await cluster.wait(lambda c: len(c.stored) == 1)
+        await cluster.wait(lambda c: len(c.stored) == slices)
         (socket,) = (root / "registry").glob(f"devicehost-{DRIVER}-*.sock")
         yield (await registered_endpoint(socket)).endpoint
 
@@ -184,4 +186,47 @@ def test_an_operators_serve_through_wins_over_the_backends_default() -> None:
     assert (
         DraDrivers(HostConfig(), "t", device_plugin_holds=lambda r: frozenset()).api("dra-example", resource)
         == "dra"
+    )
+
+
+async def test_partitions_draw_on_their_gpus_shared_counters(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with served(root, cluster, DraExampleBackend(), slices=2, num_gpus=2, gpu_partitions=4) as where:
+        specs = {name: body["spec"] for name, body in cluster.stored.items()}
+        ref = cluster.allocate(
+            DRIVER, 2, request="gpu-partition", devices=["gpu-1-partition-0", "gpu-1-partition-3"]
+        )
+        env = await prepared_env(root, where, ref)
+    counters = specs["node-a-gpu.example.com-gpu-counters"]
+    devices = specs["node-a-gpu.example.com-gpu"]
+    assert counters["pool"] == devices["pool"]
+    assert counters["pool"]["resourceSliceCount"] == 2
+    assert "devices" not in counters
+    assert counters["sharedCounters"][0] == {
+        "name": "gpu-0-counters",
+        "counters": {"memory": {"value": "80Gi"}, "compute": {"value": "100"}},
+    }
+    by_name = {d["name"]: d for d in devices["devices"]}
+    assert len(by_name) == 10  # 4 partitions and the full GPU, per GPU
+    assert by_name["gpu-0-partition-1"]["consumesCounters"] == [
+        {
+            "counterSet": "gpu-0-counters",
+            "counters": {"memory": {"value": "20Gi"}, "compute": {"value": "25"}},
+        }
+    ]
+    assert by_name["gpu-0-partition-1"]["capacity"]["memory"] == {"value": "20Gi"}
+    assert by_name["gpu-1-full"]["attributes"]["full"] == {"bool": True}
+    assert by_name["gpu-1-full"]["consumesCounters"][0]["counters"]["memory"] == {"value": "80Gi"}
+    assert env["GPU_DEVICE_1_PARTITION_0"] == "gpu-1-partition-0"
+    assert env["GPU_DEVICE_1_PARTITION_3"] == "gpu-1-partition-3"
+    assert env["GPU_DEVICE_1_PARTITION_3_SHARING_STRATEGY"] == "TimeSlicing"
+
+
+def test_a_device_consuming_an_undeclared_counter_set_is_refused_at_discovery() -> None:
+    from devicehost import Device, Resource
+    from devicehost.hookspecs import rules
+
+    resource = Resource(RESOURCE, (Device("p", consumes={"gpu-9-counters": {"memory": "1Gi"}}),))
+    assert "consumes counter set 'gpu-9-counters', which the resource does not declare" in (
+        rules.discovery_problem([resource]) or ""
     )

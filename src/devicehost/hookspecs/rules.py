@@ -31,6 +31,9 @@ _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE]|[eE][0-9]+)?")
 _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
 SERVE_THROUGH = (None, "device-plugin", "dra", "both")
+MAX_COUNTERS = 32
+"""Counters in all of a pool's counter sets (``resource.k8s.io/v1``)."""
+_DNS1123_LABEL_RE = re.compile(_DNS1123_LABEL)
 _SEMVER = re.compile(
     r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
@@ -176,6 +179,48 @@ def discovery_problem(answer: object) -> str | None:
                 f"{resource.name}: serve_through {resource.serve_through!r:.100} must be one of"
                 f" {', '.join(map(repr, SERVE_THROUGH[1:]))} or None"
             )
+        problem = counter_sets_problem(resource)
+        if problem:
+            return f"{resource.name}: {problem}"
+    return None
+
+
+def counter_sets_problem(resource: Resource) -> str | None:
+    """A resource's shared counter sets, and what its devices consume from them (DRA only):
+    DNS-label names, at most 32 counters in all, amounts that are quantities, and every device
+    consuming only counters its resource declares."""
+    sets = resource.counter_sets
+    problem = _counters_problem(sets, "counter set")
+    if problem:
+        return problem
+    if sum(len(counters) for counters in sets.values()) > MAX_COUNTERS:
+        return f"counter sets hold more than {MAX_COUNTERS} counters in all"
+    for device in resource.devices:
+        for name, counters in device.consumes.items():
+            missing = sorted(set(counters) - set(sets.get(name, ())))
+            if name not in sets or missing:
+                what = f"counter set {name!r}" if name not in sets else f"counters {missing} of {name!r}"
+                return f"device {device.id!r} consumes {what}, which the resource does not declare"
+    return None
+
+
+def _counters_problem(sets: object, what: str) -> str | None:
+    """``{set name: {counter: amount}}``: DNS labels for both names, quantities for amounts."""
+    if not isinstance(sets, Mapping):
+        return f"{what}s {sets!r:.100} must be a mapping of name to counters"
+    for name, counters in sets.items():
+        if not isinstance(name, str) or len(name) > 63 or not _DNS1123_LABEL_RE.fullmatch(name):
+            return f"{what} name {name!r:.100} must be a DNS label"
+        if not isinstance(counters, Mapping) or not counters:
+            return f"{what} {name}: counters {counters!r:.100} must be a non-empty mapping"
+        for counter, amount in counters.items():
+            if not isinstance(counter, str) or len(counter) > 63 or not _DNS1123_LABEL_RE.fullmatch(counter):
+                return f"{what} {name}: counter name {counter!r:.100} must be a DNS label"
+            if isinstance(amount, bool) or not (
+                (isinstance(amount, int) and amount >= 0)
+                or (isinstance(amount, str) and _QUANTITY.fullmatch(amount))
+            ):
+                return f"{what} {name}: counter {counter}: {amount!r:.100} must be a non-negative int or a quantity"
     return None
 
 
@@ -208,7 +253,11 @@ def device_problem(device: Device) -> str | None:
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in nodes
     ):
         return f"device {device.id!r}: numa_nodes {nodes!r:.100} must be a sequence of non-negative ints"
-    problem = _attributes_problem(device.attributes) or _capacity_problem(device.capacity)
+    problem = (
+        _attributes_problem(device.attributes)
+        or _capacity_problem(device.capacity)
+        or _counters_problem(device.consumes, "consumed counter set")
+    )
     return f"device {device.id!r}: {problem}" if problem else None
 
 

@@ -91,6 +91,10 @@ class Device:
         64 characters or a :class:`Version`. The device plugin API has no place for them.
     :param capacity: DRA only: amounts the device has (``{"memory": "16Gi"}``), an int or a
         Kubernetes quantity string, matched as ``device.capacity["example.com"].memory``.
+    :param consumes: DRA only: what the device takes from its resource's shared counter sets
+        while it is allocated, by counter set and counter (``{"gpu-0": {"memory": "20Gi"}}``):
+        partitions of one physical device. The scheduler never allocates devices whose
+        consumption together exceeds a counter set (see :attr:`Resource.counter_sets`).
     """
 
     id: str
@@ -99,6 +103,7 @@ class Device:
     group: str | None = field(default=None, kw_only=True)
     attributes: Mapping[str, bool | int | str] = field(default_factory=dict, kw_only=True, hash=False)
     capacity: Mapping[str, int | str] = field(default_factory=dict, kw_only=True, hash=False)
+    consumes: Mapping[str, Mapping[str, int | str]] = field(default_factory=dict, kw_only=True, hash=False)
 
     def __post_init__(self) -> None:
         """Refuse a health that is not a :class:`Health`, quoting it.
@@ -130,11 +135,17 @@ class Resource:
     :param serve_through: the API the resource is served through unless the operator's
         ``serve_through`` names it or its backend: ``device-plugin``, ``dra`` or ``both``;
         None: ``device-plugin``.
+    :param counter_sets: DRA only: shared counters its devices consume from, by counter set
+        name and counter (``{"gpu-0": {"memory": "80Gi", "compute": 100}}``): one set per
+        physical device whose partitions are published as devices (:attr:`Device.consumes`).
     """
 
     name: str
     devices: tuple[Device, ...] = ()
     serve_through: Api | None = field(default=None, kw_only=True)
+    counter_sets: Mapping[str, Mapping[str, int | str]] = field(
+        default_factory=dict, kw_only=True, hash=False
+    )
 
     def __post_init__(self) -> None:
         """Refuse devices that are not :class:`Device`, naming the first; a list becomes a tuple."""

@@ -183,9 +183,9 @@ class Host:
         answer = await self.backends.discover(backend)
         served = {name: server.backend.name for name, server in self.resources.items()} | self._starting
         plan = _plan_one(backend, answer, self.backends, served)
-        for name, devices in plan.update:
-            if name in self.resources:
-                self.resources[name].apply_discovery(devices)
+        for resource in plan.update:
+            if resource.name in self.resources:
+                self.resources[resource.name].apply_discovery(resource)
         await asyncio.gather(*(self._withdraw(name) for name in plan.withdraw))
         for _, resource in plan.add:  # claimed now: a backend answering meanwhile sees them taken
             self._starting[resource.name] = backend.name

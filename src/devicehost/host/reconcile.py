@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from devicehost.hookspecs import rules
-from devicehost.hookspecs.types import Device, Resource
+from devicehost.hookspecs.types import Resource
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class Plan:
     """(backend, resource) to start serving."""
     withdraw: tuple[str, ...] = ()
     """Served resources to stop serving."""
-    update: tuple[tuple[str, tuple[Device, ...]], ...] = ()
-    """Served resources with their rediscovered devices."""
+    update: tuple[Resource, ...] = ()
+    """Served resources as rediscovered (devices, counter sets)."""
     refused: tuple[Refusal, ...] = ()
 
 
@@ -81,6 +81,6 @@ def plan(discovered: Sequence[tuple[str, Sequence[Resource] | None]], served: Ma
             for name, owner in served.items()
             if name not in wanted and name not in kept and owner not in failed
         ),
-        update=tuple((name, r.devices) for name, (_, r) in wanted.items() if name in served),
+        update=tuple(r for name, (_, r) in wanted.items() if name in served),
         refused=tuple(refused),
     )

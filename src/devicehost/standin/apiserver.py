@@ -105,7 +105,7 @@ class ApiServerStandIn:
             (body["spec"]["pool"]["name"], device["name"])
             for body in self.stored.values()
             if body["spec"]["driver"] == driver
-            for device in body["spec"]["devices"]
+            for device in body["spec"].get("devices", ())
         ]
 
     def allocate(

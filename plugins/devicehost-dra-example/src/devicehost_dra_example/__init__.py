@@ -27,8 +27,9 @@ DRIVER = "gpu.example.com"
 RESOURCE = f"{DRIVER}/gpu"
 MODEL = "LATEST-GPU-MODEL"
 DRIVER_VERSION = Version("1.0.0")
-MEMORY = "80Gi"
+MEMORY_GI = 80
 COMPUTE = 100
+GI = 2**30
 
 
 class Settings(BaseModel):
@@ -38,6 +39,11 @@ class Settings(BaseModel):
 
     num_gpus: NonNegativeInt = Field(
         default=8, description="mock GPUs on this node (the reference's --num-devices)"
+    )
+    gpu_partitions: NonNegativeInt = Field(
+        default=0,
+        description="partitions per GPU (the reference's --gpu-partitions): each GPU becomes a counter "
+        "set of its memory and compute, published as that many partitions and one full device drawing on it",
     )
     node_name: str | None = Field(
         default=None, description="seeds the GPUs' UUIDs; unset: $DEVICEHOST_NODE_NAME, else the host name"
@@ -55,6 +61,54 @@ def gpu_env(device: str, config: GpuConfig) -> dict[str, str]:
     key = f"GPU_DEVICE_{device.removeprefix('gpu-').upper().replace('-', '_')}"
     prop, value = config.sharing.setting()
     return {key: device, f"{key}_SHARING_STRATEGY": config.sharing.strategy, f"{key}_{prop}": value}
+
+
+def gpus(settings: Settings, seed: str) -> Resource:
+    """The GPUs as the reference's GPU profile enumerates them: whole GPUs, or with
+    ``gpu_partitions`` each GPU's partitions and its full device, all drawing on its counter set."""
+    parts = settings.gpu_partitions
+    devices: list[Device] = []
+    counter_sets: dict[str, dict[str, int | str]] = {}
+    for i, gpu_uuid in enumerate(gpu_uuids(seed, settings.num_gpus)):
+        attributes: dict[str, bool | int | str] = {
+            "index": i, "uuid": gpu_uuid, "model": MODEL, "driverVersion": DRIVER_VERSION
+        }  # fmt: skip
+        whole: dict[str, int | str] = {"memory": f"{MEMORY_GI}Gi", "compute": COMPUTE}
+        if not parts:
+            devices.append(Device(f"gpu-{i}", attributes=attributes, capacity=whole))
+            continue
+        counters = f"gpu-{i}-counters"
+        counter_sets[counters] = whole
+        part: dict[str, int | str] = {
+            "memory": quantity(MEMORY_GI * GI // parts),
+            "compute": COMPUTE // parts,
+        }
+        devices.extend(
+            Device(
+                f"gpu-{i}-partition-{j}",
+                attributes={**attributes, "partition": j, "partitionable": True},
+                capacity=part,
+                consumes={counters: part},
+            )
+            for j in range(parts)
+        )
+        devices.append(
+            Device(
+                f"gpu-{i}-full",
+                attributes={**attributes, "partitionable": True, "full": True},
+                capacity=whole,
+                consumes={counters: whole},
+            )
+        )
+    return Resource(RESOURCE, tuple(devices), serve_through="dra", counter_sets=counter_sets)
+
+
+def quantity(size: int) -> str:
+    """Bytes as the largest binary unit that divides them (``20Gi``, ``640Mi``)."""
+    for unit, factor in (("Gi", GI), ("Mi", 2**20), ("Ki", 2**10)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
 
 
 class DraExampleBackend:
@@ -83,24 +137,16 @@ class DraExampleBackend:
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:
         with self._lock:
-            count, seed = self._settings.num_gpus, self._node()
-        devices = tuple(
-            Device(
-                f"gpu-{i}",
-                attributes={"index": i, "uuid": gpu_uuid, "model": MODEL, "driverVersion": DRIVER_VERSION},
-                capacity={"memory": MEMORY, "compute": COMPUTE},
-            )
-            for i, gpu_uuid in enumerate(gpu_uuids(seed, count))
-        )
-        return [Resource(RESOURCE, devices, serve_through="dra")]
+            settings, seed = self._settings, self._node()
+        return [gpus(settings, seed)]
 
     @devicehost.hookimpl
     def devicehost_allocate(
         self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None
     ) -> ContainerAllocation:
         with self._lock:
-            count, node = self._settings.num_gpus, self._node()
-        unknown = sorted(set(device_ids) - {f"gpu-{i}" for i in range(count)})
+            settings, node = self._settings, self._node()
+        unknown = sorted(set(device_ids) - {d.id for d in gpus(settings, node).devices})
         if resource != RESOURCE or unknown:
             raise ValueError(f"no such GPU in {resource}: {', '.join(unknown) or device_ids}")
         config = claim.config if claim is not None and claim.config is not None else DEFAULT

@@ -176,7 +176,7 @@ class DraDriver:
         """Publish ``server``'s devices and prepare claims for them."""
         pool = names.pool_name(self._setup.node, server.name)
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
-        follow = asyncio.create_task(self._follow(server, pool, slice_name), name=f"dra {server.name}")
+        follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
         hold(server, self.claims.held(server.name), True)  # prepared before a restart too
 
@@ -188,26 +188,20 @@ class DraDriver:
             self.publisher.drop_pool(resource)
             self.changes.bump()
 
-    async def _follow(self, server: ResourceServer, pool: str, slice_name: str) -> None:
+    async def _follow(self, server: ResourceServer, pool: str) -> None:
         """Publish the resource's devices now and after every change of its table: one pool of
-        as many slices as they need (``slice_name`` is the first), each device kept in its slice."""
+        as many slices as they need, each device kept in its slice, and its counter sets' slice."""
         placement = Placement()
         seen = -1
         while True:
             if server.table.version != seen:
                 seen = server.table.version
-                specs = pool_specs(self._setup.node, self.name, pool, server.table.devices, placement)
+                table = server.table
+                specs = pool_specs(
+                    self._setup.node, self.name, pool, table.devices, placement, table.counter_sets
+                )
                 self.publisher.want_pool(
-                    server.name,
-                    [
-                        (
-                            slice_name
-                            if i == 0
-                            else names.slice_name(self._setup.node, self.name, server.name, i),
-                            spec,
-                        )
-                        for i, spec in enumerate(specs)
-                    ],
+                    server.name, names.named_slices(self._setup.node, self.name, server.name, specs)
                 )
                 self.changes.bump()
             await server.table.wait_for_change(seen)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -49,6 +50,28 @@ def slice_name(node: str, driver: str, resource: str, index: int = 0) -> str:
         return name + suffix
     digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
     return f"{name[: MAX_SUBDOMAIN - 9 - len(suffix)].strip('-.')}-{digest}{suffix}"
+
+
+def counter_slice_name(node: str, driver: str, resource: str) -> str:
+    """The ResourceSlice of ``resource``'s pool that holds its shared counter sets."""
+    base = slice_name(node, driver, resource)
+    return base + "-counters" if len(base) <= MAX_SUBDOMAIN - 9 else f"{base[: MAX_SUBDOMAIN - 9]}-counters"
+
+
+def named_slices(
+    node: str, driver: str, resource: str, specs: Sequence[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The specs of ``resource``'s pool with their slices' names, first to last: the ``i``-th
+    device slice is :func:`slice_name` ``i``, the counter sets' one :func:`counter_slice_name`."""
+    return [
+        (
+            counter_slice_name(node, driver, resource)
+            if "sharedCounters" in spec
+            else slice_name(node, driver, resource, i),
+            spec,
+        )
+        for i, spec in enumerate(specs)
+    ]
 
 
 def cdi_kind(driver: str, claim_uid: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from devicehost.hookspecs.types import Device, Health, Version
@@ -23,6 +23,8 @@ from devicehost.host.dra.names import device_name
 
 MAX_DEVICES = 128
 """Devices one ResourceSlice may hold (``resource.k8s.io/v1`` refuses more)."""
+MAX_CONSUMING_DEVICES = 64
+"""Devices one ResourceSlice may hold when any of them consumes shared counters (or has taints)."""
 
 
 def device_entry(device: Device) -> dict[str, Any]:
@@ -37,7 +39,31 @@ def device_entry(device: Device) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": device_name(device.id), "attributes": attributes}
     if device.capacity:
         entry["capacity"] = {name: {"value": str(value)} for name, value in device.capacity.items()}
+    if device.consumes:
+        entry["consumesCounters"] = [
+            {"counterSet": name, "counters": _counters(counters)}
+            for name, counters in device.consumes.items()
+        ]
     return entry
+
+
+def _counters(counters: Mapping[str, int | str]) -> dict[str, dict[str, str]]:
+    return {name: {"value": str(value)} for name, value in counters.items()}
+
+
+def counter_spec(
+    node: str, driver: str, pool: str, counter_sets: Mapping[str, Mapping[str, int | str]], slice_count: int
+) -> dict[str, Any]:
+    """The ``spec`` of the slice of ``pool`` that holds its shared counter sets and no devices
+    (``resource.k8s.io/v1`` keeps the two in separate slices of one pool)."""
+    return {
+        "driver": driver,
+        "nodeName": node,
+        "pool": {"name": pool, "resourceSliceCount": slice_count},
+        "sharedCounters": [
+            {"name": name, "counters": _counters(counters)} for name, counters in sorted(counter_sets.items())
+        ],
+    }
 
 
 def _attribute_kind(value: bool | int | str) -> str:
@@ -79,6 +105,11 @@ class Placement:
         self.count = 1
         """Slices in the pool at the last :meth:`place`."""
 
+    def resize(self, per_slice: int) -> None:
+        """Hold at most ``per_slice`` devices a slice from now on (every device placed anew when it changes)."""
+        if per_slice != self.per_slice:
+            self.per_slice, self.slot = per_slice, {}
+
     def place(self, device_ids: Sequence[str]) -> list[list[str]]:
         """The device IDs of each slice, in the order given; remembered for the next call."""
         present = set(device_ids)
@@ -101,12 +132,24 @@ class Placement:
 
 
 def pool_specs(
-    node: str, driver: str, pool: str, devices: Sequence[Device], placement: Placement
+    node: str,
+    driver: str,
+    pool: str,
+    devices: Sequence[Device],
+    placement: Placement,
+    counter_sets: Mapping[str, Mapping[str, int | str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``spec`` of each slice of ``pool``, first to last, as ``placement`` places ``devices``."""
+    """The ``spec`` of each slice of ``pool``, first to last, as ``placement`` places ``devices``;
+    with ``counter_sets``, one more slice holding them comes last. Devices that consume counters
+    go at most :data:`MAX_CONSUMING_DEVICES` to a slice."""
+    placement.resize(MAX_CONSUMING_DEVICES if any(d.consumes for d in devices) else MAX_DEVICES)
     by_id = {d.id: d for d in devices}
     slices = placement.place([d.id for d in devices])
-    return [slice_spec(node, driver, pool, [by_id[i] for i in ids], len(slices)) for ids in slices]
+    count = len(slices) + (1 if counter_sets else 0)
+    specs = [slice_spec(node, driver, pool, [by_id[i] for i in ids], count) for ids in slices]
+    if counter_sets:
+        specs.append(counter_spec(node, driver, pool, counter_sets, count))
+    return specs
 
 
 def slice_body(

@@ -65,6 +65,7 @@ class ResourceServer:
         self.name = resource.name
         self.health_interval = interval
         self.table = DeviceTable(resource.devices)
+        self.table.set_counter_sets(resource.counter_sets)
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
         self.socket = ServedSocket(
@@ -140,21 +141,23 @@ class ResourceServer:
             failed_tries=self.registrar.stats.failed_tries,
         )
 
-    def apply_discovery(self, devices: tuple[Device, ...]) -> None:
-        """Take a rediscovered device list; its health counts only where discovery's view changed.
+    def apply_discovery(self, resource: Resource) -> None:
+        """Take the rediscovered resource: its counter sets, and its devices, whose health counts
+        only where discovery's view changed.
 
         Health also arrives pushed (notifier) and polled (health hook): a discovery that reports
         the same health for a device as last time says nothing new, so it must not undo a newer
         pushed or polled state. Every source reports changes, and the latest change wins.
         """
+        self.table.set_counter_sets(resource.counter_sets)
         current = {d.id: d for d in self.table.devices}
         merged = tuple(
             replace(d, health=current[d.id].health)
             if d.id in current and self._discovered_health.get(d.id) == d.health
             else d
-            for d in devices
+            for d in resource.devices
         )
-        self._discovered_health = {d.id: d.health for d in devices}
+        self._discovered_health = {d.id: d.health for d in resource.devices}
         self.apply_devices(merged)
 
     def apply_devices(self, devices: tuple[Device, ...], source: str = "devicehost_discover") -> None:

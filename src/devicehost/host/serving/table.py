@@ -29,6 +29,8 @@ class DeviceTable:
         self.version = 0
         self._changed = asyncio.Event()
         self._message: api_pb2.ListAndWatchResponse | None = None
+        self.counter_sets: dict[str, dict[str, int | str]] = {}
+        """The resource's shared counter sets (DRA): counter set -> counter -> amount."""
         self._holds: dict[str, frozenset[str]] = {}
         """Device IDs advertised Unhealthy whatever their health, by why (release, dra)."""
 
@@ -82,6 +84,15 @@ class DeviceTable:
         if new == self._devices and list(new) == list(self._devices):
             return False
         self._devices = new
+        self._bump()
+        return True
+
+    def set_counter_sets(self, counter_sets: Mapping[str, Mapping[str, int | str]]) -> bool:
+        """Take the resource's shared counter sets (published through DRA only); True if they changed."""
+        new = {name: dict(counters) for name, counters in counter_sets.items()}
+        if new == self.counter_sets:
+            return False
+        self.counter_sets = new
         self._bump()
         return True
 
