@@ -99,6 +99,8 @@ def claim(block: Block) -> str:
         return "config"
     if block.lang == "text" and block.doc == "docs/stability.md":
         return "pins"
+    if block.lang == "text" and block.doc == "docs/dra.md":
+        return "webhook refusal (test_webhook)"
     return ""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -259,6 +260,10 @@ def test_an_invalid_v1_claim_is_refused_with_the_key_path_and_the_models_words(w
     assert DRIVER in message
     assert answer["status"]["code"] == 422
     assert "claim configuration refused" in webhook.output()
+    # docs/dra.md shows this refusal as kubectl prints it: the webhook's own words, line-wrapped
+    shown = re.search(r"```text\n(.*?)```", (REPO / "docs" / "dra.md").read_text(), re.DOTALL)
+    assert shown is not None
+    assert message in " ".join(shown.group(1).split())
 
 
 def test_an_invalid_v1beta1_claim_is_refused_and_a_valid_one_allowed(webhook: Webhook) -> None:
