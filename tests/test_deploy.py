@@ -301,6 +301,32 @@ def test_kubelet_and_cdi_dirs_are_host_mounts_at_the_same_path(target: str) -> N
     assert volumes["plugins-registry"]["hostPath"]["type"] == "Directory"
 
 
+def _default_pod_resources_socket() -> Path:
+    host_config = pytest.importorskip("devicehost.host.config", reason="the host is not installed here")
+    default = host_config.HostConfig.model_fields["pod_resources_socket"].default
+    return Path(default)
+
+
+@pytest.mark.parametrize("target", EVERY_POD)
+def test_pod_resources_dir_is_mounted_read_only_where_the_host_looks(target: str) -> None:
+    # Without it the host logs "device release paused, no pod-resources socket" and never calls
+    # devicehost_release in a deployed pod.
+    socket = _default_pod_resources_socket()
+    root = next(
+        (r for c, r in KUBELET_DIR_COMPONENTS.items() if target.endswith(f"+{c}")), "/var/lib/kubelet"
+    )
+    assert host_paths(target)["pod-resources"] == f"{root}/pod-resources"
+    mount = mounts(target)["pod-resources"]
+    # The dir (the kubelet makes a new socket when it restarts), where the host's default looks.
+    assert mount["mountPath"] == str(socket.parent)
+    assert mount["readOnly"] is True, "the host only connects to the socket"
+    assert "DEVICEHOST_POD_RESOURCES_SOCKET" not in env(target)
+    assert "pod_resources_socket" not in config(target)
+    assert config(target).get("device_release", True) is not False
+    volumes = {v["name"]: v for v in pod_spec(target)["volumes"]}
+    assert volumes["pod-resources"]["hostPath"]["type"] == "Directory"
+
+
 @pytest.mark.parametrize("target", ["base", *OVERLAYS])
 def test_rolling_update_replaces_in_place(target: str) -> None:
     strategy = the(render(target), "DaemonSet")["spec"]["updateStrategy"]
@@ -321,6 +347,7 @@ def test_kubelet_dir_component_moves_both_kubelet_dirs(overlay: str, component: 
     found = host_paths(target)
     assert found["device-plugins"] == f"{root}/device-plugins"
     assert found["plugins-registry"] == f"{root}/plugins_registry"
+    assert found["pod-resources"] == f"{root}/pod-resources"
     assert found["cdi"] == "/var/run/cdi", "CDI specs belong to the runtime, not the kubelet"
     assert not [p for p in found.values() if p.startswith("/var/lib/kubelet")]
     # Same path inside, and the host is told: watcher registration reports host paths.
@@ -653,6 +680,10 @@ def test_readme_documents_every_overlay_and_component() -> None:
     assert "maxSurge" in readme
     assert "1.32" in readme
     assert "deploy/examples/dra/" in readme
+    release = readme[readme.index("Device release: the pod-resources mount") :]
+    assert "/var/lib/kubelet/pod-resources" in release
+    assert "read-only" in release
+    assert "devicehost_release" in release
 
 
 # --- Dockerfile ------------------------------------------------------------------------------

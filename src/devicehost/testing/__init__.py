@@ -13,20 +13,43 @@ What it holds:
   process) and :func:`host_process` (a ``devicehost run`` child, a :class:`HostProcess`);
   :class:`BackendLoadError` when a backend named for them does not load.
 - ``devicehost.testing.plugin``: the pytest plugin with the ``kubelet``, ``host`` and
-  ``start_host`` fixtures (``pytest -p devicehost.testing.plugin``).
+  ``start_host`` fixtures, loaded by pytest wherever the kit is installed (a ``pytest11`` entry
+  point; ``-p devicehost.testing.plugin`` still works).
 - ``devicehost.testing.conformance``: the conformance suite
-  (``pytest -p devicehost.testing.plugin --pyargs devicehost.testing.conformance``; its DRA
+  (``pytest --pyargs devicehost.testing.conformance --devicehost-backend NAME``; its DRA
   rules with ``--devicehost-dra``).
 
 Which modules import pytest: ``plugin``, ``conformance``, ``conformance_support`` and
 ``conformance_dra`` do, and are loaded only by pytest. This package itself, ``host`` and ``kubelet`` (the stand-in's old
 address, kept for tests written against it) do not, so importing :mod:`devicehost.testing`
-works without pytest installed. The kit imports the host and the stand-in; neither imports it.
+works without pytest installed. The kit imports the host and the stand-in (on first use of a
+name, so loading the plugin costs nothing); neither imports it.
 """
 
-from devicehost.host.daemon import Host
-from devicehost.standin import AdmissionError, AllocationResult, EventKind, KubeletStandIn, ResourceView
-from devicehost.testing.host import BackendLoadError, HostProcess, host_process, running_host
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devicehost.host.daemon import Host
+    from devicehost.standin import AdmissionError, AllocationResult, EventKind, KubeletStandIn, ResourceView
+    from devicehost.testing.host import BackendLoadError, HostProcess, host_process, running_host
+
+# Imported on first use: pytest loads devicehost.testing.plugin (and so this package) into every
+# session of an environment that has the kit, and the host and gRPC cost a second to import.
+_HOMES = {
+    "Host": "devicehost.host.daemon",
+    "AdmissionError": "devicehost.standin",
+    "AllocationResult": "devicehost.standin",
+    "EventKind": "devicehost.standin",
+    "KubeletStandIn": "devicehost.standin",
+    "ResourceView": "devicehost.standin",
+    "BackendLoadError": "devicehost.testing.host",
+    "HostProcess": "devicehost.testing.host",
+    "host_process": "devicehost.testing.host",
+    "running_host": "devicehost.testing.host",
+}
 
 __all__ = [
     "AdmissionError",
@@ -40,3 +63,12 @@ __all__ = [
     "host_process",
     "running_host",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

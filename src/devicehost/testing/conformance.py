@@ -1,6 +1,6 @@
 """The backend conformance suite: run it against an installed backend with one command::
 
-    pytest -p devicehost.testing.plugin --pyargs devicehost.testing.conformance \\
+    pytest --pyargs devicehost.testing.conformance \\
         --devicehost-backend NAME [--devicehost-settings settings.yaml] [--devicehost-dra]
 
 Each check is one test; a failure starts with the rule it broke, ``[rule-id]``, listed in

@@ -1,7 +1,9 @@
 """A pytest plugin for testing a backend against the real host and the kubelet stand-in.
 
-Opt-in only (no ``pytest11`` entry point): ``pytest -p devicehost.testing.plugin``, or
-``pytest_plugins = ["devicehost.testing.plugin"]`` in a top-level ``conftest.py``.
+pytest loads it wherever ``devicehost[testing]`` is installed (a ``pytest11`` entry point named
+``devicehost.testing.plugin``, so ``-p devicehost.testing.plugin`` and ``pytest_plugins`` naming
+it still work, and ``-p no:devicehost.testing.plugin`` turns it off). Loading it costs nothing:
+the host, the stand-in and gRPC are imported only when a test uses one of its fixtures.
 
 Options (each also an ini key, underscores instead of dashes):
 
@@ -32,16 +34,14 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 import pytest_asyncio
-import yaml
 
-from devicehost import cdi
-from devicehost.host.daemon import Host
-from devicehost.standin import KubeletStandIn
-from devicehost.testing.host import running_host
+if TYPE_CHECKING:
+    from devicehost.host.daemon import Host
+    from devicehost.standin import KubeletStandIn
 
 BACKEND_OPTION = "devicehost_backend"
 SETTINGS_OPTION = "devicehost_settings"
@@ -155,6 +155,8 @@ def selected_settings(config: pytest.Config, option: str = SETTINGS_OPTION) -> d
         path = config.rootpath / str(config.getini(option))
     if path is None:
         return {}
+    import yaml
+
     try:
         settings = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -205,6 +207,8 @@ def devicehost_dir() -> Iterator[Path]:
 @pytest.fixture
 def devicehost_cdi_dir(devicehost_dir: Path) -> Iterator[Path]:
     """A temporary CDI spec dir, :mod:`devicehost.cdi`'s default until the test ends."""
+    from devicehost import cdi
+
     path = devicehost_dir / "cdi"
     path.mkdir()
     previous = cdi.default_dir()
@@ -216,6 +220,8 @@ def devicehost_cdi_dir(devicehost_dir: Path) -> Iterator[Path]:
 @pytest_asyncio.fixture
 async def kubelet(devicehost_dir: Path) -> AsyncIterator[KubeletStandIn]:
     """A started kubelet stand-in serving ``kubelet.sock`` in a fresh device-plugins dir."""
+    from devicehost.standin import KubeletStandIn
+
     async with KubeletStandIn(devicehost_dir / "device-plugins") as stand_in:
         yield stand_in
 
@@ -230,6 +236,8 @@ async def start_host(
     ``backends`` to its settings; ``hook_timeout`` defaults to 5 s and ``cdi_dir`` to
     ``devicehost_cdi_dir``.
     """
+    from devicehost.testing.host import running_host
+
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(
