@@ -357,10 +357,31 @@ def test_a_metrics_port_in_use_is_one_line(env: dict[str, str]) -> None:
         result = run_cli(
             "run", "--simulate-kubelet", "--backend", "good", "--metrics-address", address, env=env
         )
-    assert result.returncode == 2
+    assert result.returncode == 1  # README: 1, the host could not start
     assert result.stderr.startswith(f"devicehost: cannot listen on metrics address {address}: ")
     assert "address already in use" in result.stderr.lower()
     assert len(result.stderr.splitlines()) == 1
+    assert "metrics address already in use" in readme_exit_codes()[result.returncode]
+
+
+def readme_exit_codes() -> dict[int, str]:
+    """README.md's exit codes: what each code's clause says, by code."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    paragraph = text.split("Exit codes: ", 1)[1].split(". Errors are one line", 1)[0]
+    clauses = re.split(r"(?:^|[,;] )(\d) ", " ".join(paragraph.split()))
+    return {int(code): what for code, what in zip(clauses[1::2], clauses[2::2], strict=True)}
+
+
+def test_readme_exit_codes_are_the_code_s() -> None:
+    from devicehost.host.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+    codes = readme_exit_codes()
+    assert sorted(codes) == sorted({EXIT_OK, EXIT_FAILED, EXIT_USAGE})
+    assert "clean stop" in codes[EXIT_OK]
+    assert "no backend could be loaded" in codes[EXIT_FAILED]
+    assert "bad configuration" in codes[EXIT_USAGE]
 
 
 def test_the_flags_the_readme_lists_exist(env: dict[str, str], short_tmp: Path) -> None:

@@ -87,7 +87,8 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
 def listen_for_probes(config: HostConfig) -> None:
     """Listen on ``metrics_address`` before the slow imports and the backends' loading.
 
-    :raises CommandFailed: one line, when the address is taken or malformed.
+    :raises CommandFailed: one line: exit 1 when the address is taken (the README's "the host could
+        not start"), 2 when it is malformed.
     """
     from devicehost.host.sockets import listen_early
 
@@ -95,11 +96,12 @@ def listen_for_probes(config: HostConfig) -> None:
         return
     try:
         listen_early(config.metrics_address)
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    except OSError as exc:  # taken now, free later: the host could not start (the config is fine)
         raise CommandFailed(
-            f"cannot listen on metrics address {config.metrics_address}: {reason}", EXIT_USAGE
+            f"cannot listen on metrics address {config.metrics_address}: {exc.strerror or exc}", EXIT_FAILED
         ) from exc
+    except ValueError as exc:  # not BIND:PORT: bad configuration
+        raise CommandFailed(f"cannot listen on metrics address {config.metrics_address}: {exc}", EXIT_USAGE) from exc
 
 
 def check_socket_dirs(config: HostConfig) -> None:
