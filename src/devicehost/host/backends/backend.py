@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pluggy
+import structlog
 from pydantic import BaseModel, ValidationError
 
 from devicehost.hookspecs import REQUIRED_HOOKS, rules, spec
@@ -28,6 +29,8 @@ from devicehost.hookspecs.types import (
 )
 from devicehost.host.backends.threads import Closed, Expired, HookThreads, NoThread
 from devicehost.host.config import describe_errors, model_keys, unknown_key
+
+log = structlog.get_logger(__name__)
 
 
 class HookError(Exception):
@@ -199,6 +202,9 @@ class Backend:
             raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None
         except Exception as exc:
             self.failures[hook] += 1
+            # Where the hook raised, for whoever debugs the backend: the error lines callers log
+            # carry the exception's one-line text only (and a debug line below the level is free).
+            log.debug("hook raised", backend=self.name, hook=hook, exc_info=exc)
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
 
     def refuse(self, hook: str, problem: str) -> HookError:
