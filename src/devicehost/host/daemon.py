@@ -112,6 +112,8 @@ class Host:
         """The state just before the stop withdrew everything, for the closing summary."""
         self._starting: dict[str, str] = {}
         """Resources whose start is under way, by name: their backend's name."""
+        self._policies_warned: set[str] = set()
+        """``preferred_allocation`` names already warned about as served by no backend."""
 
     @property
     def token(self) -> str:
@@ -177,6 +179,19 @@ class Host:
         holds back no other backend's resources."""
         self.discoveries += 1
         await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
+        self._warn_unserved_policies()
+
+    def _warn_unserved_policies(self) -> None:
+        """Once per name: ``preferred_allocation`` names a resource no backend serves (a typo, or
+        a resource its backend no longer offers), so no policy answers for it."""
+        unserved = sorted(set(self.config.preferred_allocation) - set(self.resources) - self._policies_warned)
+        if unserved:
+            self._policies_warned.update(unserved)
+            log.warning(
+                "preferred_allocation names resources no backend serves; their policy applies to nothing",
+                resources=unserved,
+                served=sorted(self.resources),
+            )
 
     async def _reconcile_backend(self, backend: Backend) -> None:
         """Bring ``backend``'s served resources in line with its discovery (the others' are kept)."""
