@@ -17,13 +17,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_allocate_measurement_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "allocate", "--out", str(out)],
         cwd=REPO,
         check=True,
         capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GRPC_")},
         timeout=60,
     )
+    assert [line for line in done.stderr.splitlines() if ".cc:" in line] == []  # no C-core INFO lines
     results = json.loads(out.read_text())
     assert results["mode"] == "minimal"
     assert results["machine"]["cores"] >= 1
@@ -132,3 +135,17 @@ def test_profile_without_py_spy_says_so_in_one_line(tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [
         "benchmarks.profile: py-spy is not installed (pip install py-spy), nothing was measured"
     ]
+
+
+def test_quick_says_how_long_it_takes_as_measured() -> None:
+    """``--help`` and the README give ``--quick``'s measured duration, from one constant."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from benchmarks.settings import QUICK_TAKES
+    finally:
+        sys.path.remove(str(REPO))
+    shown = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert QUICK_TAKES in " ".join(shown.stdout.split())
+    assert f"`--quick` for a smaller run of {QUICK_TAKES})" in " ".join((REPO / "README.md").read_text().split())
