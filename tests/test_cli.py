@@ -409,3 +409,51 @@ def test_version_and_subcommand_usage(env: dict[str, str]) -> None:
     assert bogus.returncode == 2
     assert bogus.stderr.startswith("usage: devicehost run ")
     assert bogus.stderr.endswith("devicehost run: error: unrecognized arguments: --bogus\n")
+
+
+DISCOVERY_FAILS = """
+import devicehost
+
+@devicehost.hookimpl
+def devicehost_discover():
+    raise OSError("no such device: /dev/fpga0")
+
+@devicehost.hookimpl
+def devicehost_allocate(device_ids):
+    return devicehost.ContainerAllocation()
+"""
+
+
+def test_config_check_refuses_a_backend_that_fails_to_load(env: dict[str, str], tmp_path: Path) -> None:
+    """``run`` would exit 1 (no backend could be loaded): ``config check`` says why first."""
+    config = write(tmp_path, "enabled_backends: [broken]\n")
+    checked = run_cli("config", "check", config, env=env)
+    assert checked.returncode == 1
+    assert checked.stdout == ""
+    assert checked.stderr.splitlines() == [
+        f"devicehost: {config}: `run` would not serve:",
+        "  backend broken: failed to load: import of dh_broken failed (ModuleNotFoundError: No module "
+        "named 'no_such_driver_module'); the backend's package is broken: reinstall or upgrade it, "
+        "or disable the backend",
+    ]
+    assert run_cli("run", "--simulate-kubelet", "--config", config, env=env).returncode == 1
+
+
+def test_config_check_runs_discovery_and_refuses_a_failing_one(env: dict[str, str], tmp_path: Path) -> None:
+    site = Path(env["PYTHONPATH"].split(os.pathsep)[0])
+    install_fake_distribution(site, "devicehost-fails", "dh_fails", DISCOVERY_FAILS, "fails = dh_fails")
+    checked = run_cli("config", "check", write(tmp_path, "enabled_backends: [fails, good]\n"), env=env)
+    assert checked.returncode == 2
+    assert checked.stderr.splitlines()[1:] == [
+        "  backends.fails: discovery failed, nothing would be served: backend 'fails' devicehost_discover "
+        "raised OSError: no such device: /dev/fpga0"
+    ]
+
+
+def test_config_check_names_each_resource_run_would_refuse(env: dict[str, str], tmp_path: Path) -> None:
+    text = "enabled_backends: [example]\nbackends: {example: {resources: {bad name: 2, example.com/widget: 2}}}\n"
+    checked = run_cli("config", "check", write(tmp_path, text), env=env)
+    assert checked.returncode == 2
+    (problem,) = checked.stderr.splitlines()[1:]
+    assert problem.startswith("  backends.example: resource 'bad name' would not be served: resource name ")
+    assert "Traceback" not in checked.stderr

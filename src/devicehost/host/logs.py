@@ -44,7 +44,13 @@ class _SafeWriteLogger(structlog.WriteLogger):
     fatal = failure = err = error = critical = exception = msg
 
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,  # not a config choice: commands that say it all themselves
+}
 
 
 _CHATTY = ("grpc", "asyncio")
