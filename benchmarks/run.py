@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_const", dest="mode", const="quick", help=f"smaller: {QUICK_TAKES}")
+    size.add_argument(
+        "--quick", action="store_const", dest="mode", const="quick", help=f"smaller: {QUICK_TAKES}"
+    )
     size.add_argument(
         "--minimal", action="store_const", dest="mode", const="minimal", help="smallest, for the smoke test"
     )

@@ -145,7 +145,13 @@ def test_quick_says_how_long_it_takes_as_measured() -> None:
     finally:
         sys.path.remove(str(REPO))
     shown = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "benchmarks.run", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert QUICK_TAKES in " ".join(shown.stdout.split())
-    assert f"`--quick` for a smaller run of {QUICK_TAKES})" in " ".join((REPO / "README.md").read_text().split())
+    assert f"`--quick` for a smaller run of {QUICK_TAKES})" in " ".join(
+        (REPO / "README.md").read_text().split()
+    )

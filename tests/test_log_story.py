@@ -196,7 +196,9 @@ async def test_a_hook_exception_carries_its_traceback_at_debug_level(
     from hostfakes import install_fake_distribution
 
     site = tmp_path / "site"
-    install_fake_distribution(site, "devicehost-raising", "dh_raising", RAISING_BACKEND, "raising = dh_raising")
+    install_fake_distribution(
+        site, "devicehost-raising", "dh_raising", RAISING_BACKEND, "raising = dh_raising"
+    )
     env = child_env(PYTHONPATH=os.pathsep.join([str(site), *sys.path]))
     async with host_process(plugin_dir, ["raising"], args=["--log-level", level], env=env) as child:
         await child.wait_for_log("discovery failed, keeping this backend's resources as they are")

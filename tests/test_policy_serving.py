@@ -60,7 +60,9 @@ async def test_a_policy_for_a_resource_nobody_serves_is_warned_about_once(
 
     policies = {GPU: "spread", "example.com/nothere": "spread"}
     with captured_logs() as lines:
-        async with running_host(plugin_dir, {"plain": ScriptedBackend(REPLICAS)}, preferred_allocation=policies) as host:
+        async with running_host(
+            plugin_dir, {"plain": ScriptedBackend(REPLICAS)}, preferred_allocation=policies
+        ) as host:
             await kubelet.wait_for_resource(GPU, healthy=8)
             await host.reconcile()
             await host.reconcile()

@@ -30,6 +30,7 @@ class FakeRunHost:
         reload_config: Callable[[], HostConfig] | None = None,
         config_file: Path | None = None,
         on_start: Callable[[Any], None] | None = None,
+        metrics_listener: object = None,
     ) -> None:
         assert reload_config is not None
         assert on_start is not None  # the simulation follows the host, to name backends

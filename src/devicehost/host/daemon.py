@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from devicehost import cdi
 from devicehost.hookspecs.types import Resource
 from devicehost.host import reconcile, reload
 from devicehost.host.backends.backend import Backend, HookError
@@ -57,7 +56,7 @@ def _plan_one(
 
 def _apply_in_place(config: HostConfig, backends: BackendSet, servers: Iterable[ResourceServer]) -> None:
     """The settings a reload changes without touching any resource's socket or registration."""
-    cdi.set_default_dir(config.cdi_dir)
+    backends.set_cdi_dir(config.cdi_dir)
     backends.set_hook_timeout(config.hook_timeout)
     for server in servers:
         server.health_interval = config.health_interval

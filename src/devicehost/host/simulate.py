@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ async def run_simulated(
     failed_backends: Mapping[str, str] | None = None,
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
+    metrics_listener: socket.socket | None = None,
 ) -> None:
     """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM.
 
@@ -70,6 +72,7 @@ async def run_simulated(
                 reload_config=reload,
                 config_file=config_file,
                 on_start=names.follow,
+                metrics_listener=metrics_listener,
             )
         finally:
             show.cancel()

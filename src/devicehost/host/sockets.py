@@ -113,14 +113,11 @@ def remove_stale(directory: Path) -> list[str]:
     return removed
 
 
-_early_listeners: dict[str, socket.socket] = {}
-
-
-def listen_early(address: str) -> None:
-    """Bind and listen on ``BIND:PORT`` now, before the slow part of the start.
+def listen_early(address: str) -> socket.socket:
+    """A socket bound and listening on ``BIND:PORT`` now, before the slow part of the start.
 
     Probes that arrive before the probe server runs wait in the listen backlog instead of
-    being refused; the probe server takes the socket with :func:`take_early_listener`.
+    being refused; the caller hands the socket to the probe server (``metrics_listener``).
     Raises ``OSError`` (the port is taken) and ``ValueError`` (not ``BIND:PORT``).
     """
     bind, _, port = address.rpartition(":")
@@ -136,9 +133,4 @@ def listen_early(address: str) -> None:
         listener.close()
         raise
     listener.setblocking(False)
-    _early_listeners[address] = listener
-
-
-def take_early_listener(address: str) -> socket.socket | None:
-    """The socket :func:`listen_early` bound for ``address``, once; None when there is none."""
-    return _early_listeners.pop(address, None)
+    return listener

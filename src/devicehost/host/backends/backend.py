@@ -9,15 +9,18 @@ other backends keep their threads.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pluggy
 import structlog
 from pydantic import BaseModel, ValidationError
 
+from devicehost import cdi
 from devicehost.hookspecs import REQUIRED_HOOKS, rules, spec
 from devicehost.hookspecs.types import (
     ContainerAllocation,
@@ -148,10 +151,13 @@ def checked_settings(
 class Backend:
     """A backend ready to call: ``await backend.allocate(...)`` and friends."""
 
-    def __init__(self, name: str, plugin: object, hook_timeout: float) -> None:
+    def __init__(self, name: str, plugin: object, hook_timeout: float, cdi_dir: Path | None = None) -> None:
         impls = _checked_implementations(plugin)
         self.name = name
         self.hook_timeout = hook_timeout
+        self.cdi_dir = cdi_dir
+        """The host's ``cdi_dir``: ``devicehost.cdi``'s default dir inside this backend's hook
+        calls (each runs in a context of its own); None: whatever the process set."""
         self.distribution: str | None = None
         """The distribution that installed the backend, and its version (set by the loader)."""
         self.version: str | None = None
@@ -190,8 +196,11 @@ class Backend:
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
         """Run one hook in the backend's threads, bounded by the hook timeout (waiting for a thread included)."""
+        caller = getattr(self._pm.hook, hook)
+        if self.cdi_dir is not None:
+            caller = functools.partial(cdi._call_in_dir, self.cdi_dir, caller)
         try:
-            return await self._threads.call(hook, getattr(self._pm.hook, hook), kwargs, self.hook_timeout)
+            return await self._threads.call(hook, caller, kwargs, self.hook_timeout)
         except NoThread as exc:
             self.failures[hook] += 1
             raise BackendBusy(self.name, hook, str(exc)) from None

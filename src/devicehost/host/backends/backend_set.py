@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -39,8 +40,13 @@ async def refused_settings(backends: Sequence[Backend], settings: Settings) -> d
 class BackendSet:
     """Backends by name; one whose settings are refused moves to :attr:`failed`."""
 
-    def __init__(self, loaded: Sequence[Backend], failed: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, loaded: Sequence[Backend], failed: Mapping[str, str] | None = None, cdi_dir: Path | None = None
+    ) -> None:
         self.loaded = {b.name: b for b in loaded}
+        self.cdi_dir = cdi_dir
+        """The host's ``cdi_dir``, handed to every backend's hook calls (:attr:`Backend.cdi_dir`)."""
+        self.set_cdi_dir(cdi_dir)
         self.failed: dict[str, str] = dict(failed or {})
         """Backends that did not load or whose settings were refused, with the reason."""
         self._announced: weakref.WeakSet[Backend] = weakref.WeakSet()
@@ -85,6 +91,7 @@ class BackendSet:
                 self.failed[status.name] = status.error or "failed to load"
                 continue
             self.failed.pop(status.name, None)
+            status.backend.cdi_dir = self.cdi_dir
             if await self._configure(status.backend, settings.get(status.name, {})):
                 self.loaded[status.name] = status.backend
                 log.info("backend enabled", backend=status.name)
@@ -97,6 +104,11 @@ class BackendSet:
         await withdraw(backend)
         backend.close()
         log.info("backend disabled", backend=name)
+
+    def set_cdi_dir(self, directory: Path | None) -> None:
+        self.cdi_dir = directory
+        for backend in self:
+            backend.cdi_dir = directory
 
     def set_hook_timeout(self, seconds: float) -> None:
         for backend in self:

@@ -61,7 +61,9 @@ def check_command(args: argparse.Namespace, config: HostConfig) -> int:
     statuses = load_backend_statuses(config)
     configure_logging("error", config.log_format, sys.stderr)  # what backends log in the dry run
     backends = [s.backend for s in statuses if s.backend is not None]
-    unloaded = [s for s in statuses if s.error is not None and (s.name in config.enabled_backends or not backends)]
+    unloaded = [
+        s for s in statuses if s.error is not None and (s.name in config.enabled_backends or not backends)
+    ]
     if unloaded:
         for backend in backends:
             backend.close()

@@ -147,6 +147,8 @@ def dry_run_problems(backends: Sequence[Backend], config: HostConfig) -> list[st
     from devicehost.host.reconcile import plan
 
     async def check() -> list[str]:
+        for backend in backends:
+            backend.cdi_dir = config.cdi_dir  # as the host hands it over
         refused = await refused_settings(backends, config.backends)
         problems = [line for lines in refused.values() for line in lines.splitlines()]
         offered: list[tuple[str, Any]] = []
