@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -28,7 +30,7 @@ from devicehost.host.release import device_plugin_holds, tracker_for, with_holde
 from devicehost.host.serving.registration import Registration
 from devicehost.host.serving.resource import ResourceServer, Serving
 from devicehost.host.sockets import new_token
-from devicehost.host.state import HostState, KubeletState
+from devicehost.host.state import HostState, KubeletState, ReloadRefusal, ReloadState
 
 if TYPE_CHECKING:
     from devicehost.host.dra.cluster import Cluster
@@ -111,6 +113,8 @@ class Host:
         """The state just before the stop withdrew everything, for the closing summary."""
         self._starting: dict[str, str] = {}
         """Resources whose start is under way, by name: their backend's name."""
+        self.reloads = ReloadState()
+        """Reloads applied and refused, for ``/status`` and the metrics."""
         self._policies_warned: set[str] = set()
         """``preferred_allocation`` names already warned about as served by no backend."""
 
@@ -171,6 +175,7 @@ class Host:
             discoveries=self.discoveries,
             device_release=self.release.status if self.release else "off",
             loop=self._loop_state,
+            reloads=self.reloads,
         )
 
     async def reconcile(self) -> None:
@@ -239,13 +244,25 @@ class Host:
             new = self._reload_config()
         except ConfigError as exc:
             log.error("new configuration refused, keeping the current one", error=str(exc))
+            self.reloads = _counted(self.reloads, [ReloadRefusal(time.time(), "configuration", str(exc))])
             return
-        await _apply_reload(self, new)
+        self.reloads = _counted(self.reloads, await _apply_reload(self, new))
 
 
-async def _apply_reload(host: Host, new: HostConfig) -> None:
+def _counted(reloads: ReloadState, refused: Sequence[ReloadRefusal]) -> ReloadState:
+    """``reloads`` with one more reload: applied, or refused (the refusals made one)."""
+    if not refused:
+        return dataclasses.replace(reloads, applied=reloads.applied + 1, latest_refused=False)
+    last = ReloadRefusal(refused[0].at, ", ".join(r.what for r in refused), "; ".join(r.why for r in refused))
+    return dataclasses.replace(reloads, refused=reloads.refused + 1, last_refused=last, latest_refused=True)
+
+
+async def _apply_reload(host: Host, new: HostConfig) -> list[ReloadRefusal]:
     """Apply ``new`` as :func:`devicehost.host.reload.plan` says: in place where it can, backends
-    disabled, loaded and reconfigured, the rest deferred to the next start (said once)."""
+    disabled, loaded and reconfigured, the rest deferred to the next start (said once).
+
+    :returns: the backends whose new settings were refused (they keep their previous ones).
+    """
     backends = host.backends
     installed = await asyncio.to_thread(installed_backend_names)
     plan = reload.plan(
@@ -253,11 +270,29 @@ async def _apply_reload(host: Host, new: HostConfig) -> None:
     )
     if plan.deferred:
         log.warning("these settings take effect at the next start", keys=list(plan.deferred))
+    old = host.config
     host.config = config = plan.config
     _apply_in_place(config, backends, host.resources.values())
     for name in plan.disable:
         await backends.disable(name, host.withdraw_backend)
     await backends.load(plan.load, config.backends, config.hook_timeout)
+    refused: list[ReloadRefusal] = []
     for name in plan.reconfigure:
-        await backends.reconfigure(name, config.backends.get(name, {}))
-    log.info("configuration reloaded", changed=list(plan.changed))
+        why = await backends.reconfigure(name, config.backends.get(name, {}))
+        if why is not None:
+            refused.append(ReloadRefusal(time.time(), f"backends.{name}", why))
+    if refused:  # those backends run their previous settings: so does the config the host reports
+        kept = dict(config.backends)
+        for name in (r.what.removeprefix("backends.") for r in refused):
+            if name in old.backends:
+                kept[name] = old.backends[name]
+            else:
+                kept.pop(name, None)
+        host.config = config = config.model_copy(update={"backends": kept})
+    changed = [key for key in plan.changed if getattr(old, key) != getattr(config, key)]
+    log.info(
+        "configuration reloaded",
+        changed=changed,
+        **({"refused": [r.what for r in refused]} if refused else {}),
+    )
+    return refused

@@ -50,6 +50,8 @@ class BackendSet:
         self.failed: dict[str, str] = dict(failed or {})
         """Backends that did not load or whose settings were refused, with the reason."""
         self._announced: weakref.WeakSet[Backend] = weakref.WeakSet()
+        self.discovery_errors: dict[str, str] = {}
+        """Loaded backends whose last discovery failed, with the error (cleared by a success)."""
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(list(self.loaded.values()))
@@ -73,14 +75,19 @@ class BackendSet:
                 resources=sorted(r.name for r in answer or ()),
             )
 
-    async def reconfigure(self, name: str, settings: Mapping[str, Any]) -> None:
-        """New settings for a loaded backend; one that refuses them keeps its previous ones."""
+    async def reconfigure(self, name: str, settings: Mapping[str, Any]) -> str | None:
+        """New settings for a loaded backend; one that refuses them keeps its previous ones.
+
+        :returns: why they were refused; None when they were taken.
+        """
         try:
             await self.loaded[name].configure(settings)
         except HookError as exc:
             log.error(
                 "new settings refused, the backend keeps its previous ones", backend=name, error=str(exc)
             )
+            return str(exc)
+        return None
 
     async def load(self, names: Sequence[str], settings: Settings, hook_timeout: float) -> None:
         """Load and configure more backends (in a thread: imports can be slow); none named, none loaded."""
@@ -101,6 +108,7 @@ class BackendSet:
     async def disable(self, name: str, withdraw: Callable[[Backend], Awaitable[None]]) -> None:
         """Take out a backend that is no longer enabled, ``withdraw`` its resources, and close it."""
         backend = self.loaded.pop(name)
+        self.discovery_errors.pop(name, None)
         await withdraw(backend)
         backend.close()
         log.info("backend disabled", backend=name)
@@ -120,7 +128,13 @@ class BackendSet:
 
     def states(self) -> tuple[BackendState, ...]:
         loaded = tuple(
-            BackendState(b.name, True, stuck_hooks=tuple(b.stuck_hooks()), hook_failures=dict(b.failures))
+            BackendState(
+                b.name,
+                True,
+                stuck_hooks=tuple(b.stuck_hooks()),
+                hook_failures=dict(b.failures),
+                discovery_error=self.discovery_errors.get(b.name, ""),
+            )
             for b in self
         )
         return loaded + tuple(BackendState(name, False, reason) for name, reason in self.failed.items())
@@ -130,12 +144,17 @@ class BackendSet:
         try:
             answer = await backend.discover()
         except HookError as exc:
-            log.error(
-                "discovery failed, keeping this backend's resources as they are",
-                backend=backend.name,
-                error=str(exc),
-            )
+            if self.discovery_errors.get(backend.name) != str(exc):  # once per change, not per round
+                log.error(
+                    "discovery failed, keeping this backend's resources as they are",
+                    backend=backend.name,
+                    error=str(exc),
+                )
+            self.discovery_errors[backend.name] = str(exc)
             answer = None
+        else:
+            if self.discovery_errors.pop(backend.name, None) is not None:
+                log.info("discovery works again", backend=backend.name)
         self._announce(backend, answer)
         return answer
 
