@@ -21,11 +21,12 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     PositiveFloat,
     ValidationError,
-    field_serializer,
     field_validator,
     model_validator,
 )
@@ -74,6 +75,40 @@ IN_PLACE = OnReload("in place")
 NEXT_START = OnReload("next start")
 
 
+def _octal_text(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            return int(value, 8)
+        except ValueError:
+            raise ValueError("must be octal permission bits such as '0600'") from None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0o777:
+        raise ValueError(
+            f"YAML read {value} as a decimal number, more than the permission bits 0o777 allow; "
+            f"write octal as a string ('0{value}') or with a 0o prefix (0o{value})"
+        )
+    return value
+
+
+def _mode_bits(value: int) -> int:
+    if not 0 <= value <= 0o777:
+        raise ValueError("must be permission bits between 0o000 and 0o777")
+    return value
+
+
+def _host_port(value: str) -> str:
+    if value:
+        check_address(value)
+    return value
+
+
+OctalMode = Annotated[
+    int, BeforeValidator(_octal_text), AfterValidator(_mode_bits), PlainSerializer(lambda v: f"0{v:o}")
+]
+"""Permission bits, written and shown as octal text."""
+Address = Annotated[str, AfterValidator(_host_port)]
+"""``HOST:PORT``, or empty."""
+
+
 class HostConfig(BaseModel):
     """Everything the host can be told. Field descriptions are the documentation."""
 
@@ -120,7 +155,7 @@ class HostConfig(BaseModel):
     register_timeout: Annotated[PositiveFloat, IN_PLACE] = Field(
         5.0, description="seconds a Register call to the kubelet may take"
     )
-    socket_mode: Annotated[int, NEXT_START] = Field(
+    socket_mode: Annotated[OctalMode, NEXT_START] = Field(
         0o600,
         description="permission bits of the resource sockets; a string is octal ('0660', '660', "
         "'0o660'), a bare YAML number over 0o777 such as 660 is refused",
@@ -132,7 +167,7 @@ class HostConfig(BaseModel):
     log_level: Annotated[Literal["debug", "info", "warning", "error"], NEXT_START] = Field(
         "info", description="lowest level logged"
     )
-    metrics_address: Annotated[str, NEXT_START] = Field(
+    metrics_address: Annotated[Address, NEXT_START] = Field(
         "",
         description="HOST:PORT serving /metrics, /healthz, /readyz and /status; empty: off",
         json_schema_extra={"metavar": "HOST:PORT"},
@@ -195,21 +230,6 @@ class HostConfig(BaseModel):
         """``enabled_backends: example`` (or ``a, b``) means the list people meant."""
         return split_names(value) if isinstance(value, str) else value
 
-    @field_validator("socket_mode", mode="before")
-    @classmethod
-    def _octal_text(cls, value: object) -> object:
-        if isinstance(value, str):
-            try:
-                return int(value, 8)
-            except ValueError:
-                raise ValueError("must be octal permission bits such as '0600'") from None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0o777:
-            raise ValueError(
-                f"YAML read {value} as a decimal number, more than the permission bits 0o777 allow; "
-                f"write octal as a string ('0{value}') or with a 0o prefix (0o{value})"
-            )
-        return value
-
     @model_validator(mode="after")
     def _dra_needs_node(self) -> HostConfig:
         if not self.node_name and any(api != "device-plugin" for api in self.serve_through.values()):
@@ -218,24 +238,6 @@ class HostConfig(BaseModel):
                 "to a node): set it, or DEVICEHOST_NODE_NAME from the pod's spec.nodeName"
             )
         return self
-
-    @field_serializer("socket_mode")
-    def _show_octal(self, value: int) -> str:
-        return f"0{value:o}"
-
-    @field_validator("metrics_address")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        if value:
-            check_address(value)
-        return value
-
-    @field_validator("socket_mode")
-    @classmethod
-    def _mode_bits(cls, value: int) -> int:
-        if not 0 <= value <= 0o777:
-            raise ValueError("must be permission bits between 0o000 and 0o777")
-        return value
 
 
 def on_reload(key: str) -> OnReload:

@@ -101,7 +101,8 @@ class Host:
         self._serving = Serving(
             registration, new_token(), config.socket_mode, self.request_rediscovery, observe, policies
         )
-        self._reload_config = reload_config
+        self.reload_config = reload_config
+        """Reads the configuration again (SIGHUP, a changed file); None: a reload keeps it."""
         self.release = tracker_for(config, lambda: self.resources)
         """Follows the kubelet's pod-resources API; None when ``device_release`` is off."""
         holds = device_plugin_holds(self.release)
@@ -145,7 +146,7 @@ class Host:
                 self._wake.clear()  # before the work: a request made during it wakes the wait below
                 if self._reload_requested:
                     self._reload_requested = False
-                    await self._reload()
+                    await _reload(self)
                 await self.reconcile()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.config.rediscover_interval):
@@ -183,19 +184,7 @@ class Host:
         holds back no other backend's resources."""
         self.discoveries += 1
         await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
-        self._warn_unserved_policies()
-
-    def _warn_unserved_policies(self) -> None:
-        """Once per name: ``preferred_allocation`` names a resource no backend serves (a typo, or
-        a resource its backend no longer offers), so no policy answers for it."""
-        unserved = sorted(set(self.config.preferred_allocation) - set(self.resources) - self._policies_warned)
-        if unserved:
-            self._policies_warned.update(unserved)
-            log.warning(
-                "preferred_allocation names resources no backend serves; their policy applies to nothing",
-                resources=unserved,
-                served=sorted(self.resources),
-            )
+        _warn_unserved_policies(self.config.preferred_allocation, self.resources, self._policies_warned)
 
     async def _reconcile_backend(self, backend: Backend) -> None:
         """Bring ``backend``'s served resources in line with its discovery (the others' are kept)."""
@@ -236,17 +225,31 @@ class Host:
             *(self._withdraw(n) for n, s in list(self.resources.items()) if s.backend is backend)
         )
 
-    async def _reload(self) -> None:
-        """Apply a new configuration; resources whose backend and settings stay keep everything."""
-        if self._reload_config is None:
-            return
-        try:
-            new = self._reload_config()
-        except ConfigError as exc:
-            log.error("new configuration refused, keeping the current one", error=str(exc))
-            self.reloads = _counted(self.reloads, [ReloadRefusal(time.time(), "configuration", str(exc))])
-            return
-        self.reloads = _counted(self.reloads, await _apply_reload(self, new))
+
+def _warn_unserved_policies(policies: Iterable[str], served: Iterable[str], warned: set[str]) -> None:
+    """Once per name: ``preferred_allocation`` names a resource no backend serves (a typo, or
+    a resource its backend no longer offers), so no policy answers for it."""
+    unserved = sorted(set(policies) - set(served) - warned)
+    if unserved:
+        warned.update(unserved)
+        log.warning(
+            "preferred_allocation names resources no backend serves; their policy applies to nothing",
+            resources=unserved,
+            served=sorted(served),
+        )
+
+
+async def _reload(host: Host) -> None:
+    """Apply a new configuration; resources whose backend and settings stay keep everything."""
+    if host.reload_config is None:
+        return
+    try:
+        new = host.reload_config()
+    except ConfigError as exc:
+        log.error("new configuration refused, keeping the current one", error=str(exc))
+        host.reloads = _counted(host.reloads, [ReloadRefusal(time.time(), "configuration", str(exc))])
+        return
+    host.reloads = _counted(host.reloads, await _apply_reload(host, new))
 
 
 def _counted(reloads: ReloadState, refused: Sequence[ReloadRefusal]) -> ReloadState:
