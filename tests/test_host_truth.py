@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,6 +27,7 @@ from devicehost.host.app import running
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import HostConfig, build_config
 from devicehost.host.daemon import Host
+from devicehost.testing.host import host_process
 from devicehost.testing.kubelet import KubeletStandIn
 
 pytestmark = pytest.mark.timeout(60)
@@ -203,3 +205,69 @@ def test_the_readme_names_every_metric() -> None:
         if (f"{name}_total" if kind == "counter" else name) not in named
     ]
     assert missing == []
+
+
+async def status_of(port: int) -> dict[str, Any]:
+    return json.loads((await get(port, "/status"))[1])  # type: ignore[no-any-return]
+
+
+async def test_two_hosts_on_one_dir_notice_each_other_and_only_the_latest_registration_counts(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    """The kubelet keeps the newer host's registration (kubelet 1.32 leaves the older stream
+    open): the older host says so instead of 'registered'; when the newer host stops, the
+    kubelet disconnects the resource and the older one registers it again."""
+    widget = "example.com/widget"
+    older_port, newer_port = free_port(), free_port()
+    args = ["--rediscover-interval", "60"]  # every look here comes from the dir's changes
+    async with host_process(
+        plugin_dir, ["example"], args=[*args, "--metrics-address", f"127.0.0.1:{older_port}"]
+    ) as older:
+        await kubelet.wait_for_resource(widget, healthy=4)
+        await older.wait_for_log("registered", resource=widget)
+        assert (await status_of(older_port))["resources"][widget]["registered"] is True
+        async with host_process(
+            plugin_dir, ["example"], args=[*args, "--metrics-address", f"127.0.0.1:{newer_port}"]
+        ) as newer:
+            await newer.wait_for_log("registered", resource=widget)
+            seen_by_newer = await newer.wait_for_log(
+                "another host serves in this device-plugins dir; the "
+                "kubelet keeps the latest registration of each resource"
+            )
+            seen_by_older = await older.wait_for_log(
+                "another host serves in this device-plugins dir; the "
+                "kubelet keeps the latest registration of each resource"
+            )
+            assert seen_by_newer["other_host"] == seen_by_older["this_host"]
+            assert seen_by_older["other_host"] == seen_by_newer["this_host"]
+            await older.wait_for_log(
+                "superseded: another host registered this resource after us", resource=widget
+            )
+            old_view, new_view = await status_of(older_port), await status_of(newer_port)
+            assert new_view["resources"][widget]["registered"] is True
+            assert new_view["ready"] is True
+            assert old_view["resources"][widget]["registered"] is False
+            assert (
+                old_view["resources"][widget]["superseded_by"]
+                == Path(new_view["resources"][widget]["socket"]).name
+            )
+            assert old_view["ready"] is False
+            assert any("superseded: another host's socket" in p for p in old_view["problems"])
+            assert (
+                sample(
+                    (await get(older_port, "/metrics"))[1], "devicehost_resource_registered", resource=widget
+                )
+                == 0
+            )
+            since = len(kubelet.events)
+            assert await newer.stop() == 0
+        await kubelet.wait_for_event("disconnected", widget, since=since)
+        await older.wait_for_log("the other host left this device-plugins dir")
+        await older.wait_for_log(
+            "the host that superseded this resource left; registering again", resource=widget
+        )
+        await kubelet.wait_for_resource(widget, healthy=4)
+        view = await status_of(older_port)
+        assert view["resources"][widget]["registered"] is True
+        assert "superseded_by" not in view["resources"][widget]
+        assert view["ready"] is True

@@ -91,6 +91,7 @@ async def running(
             reload_config=reload_config,
             cluster=cluster,
         )
+        watch.subscribe(host.peers.on_dir_change)  # another host's sockets come and go in this dir
         await stack.enter_async_context(_helper(watch.run(), "kubelet socket watch"))
         if host.release is not None:  # the checkpoint file's changes are its trigger to look
             watch.subscribe(host.release.poke)

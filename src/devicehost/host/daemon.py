@@ -26,6 +26,7 @@ from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.backends.loader import installed_backend_names
 from devicehost.host.config import ConfigError, HostConfig
 from devicehost.host.dra.drivers import DraDrivers
+from devicehost.host.peers import PeerWatch
 from devicehost.host.release import device_plugin_holds, tracker_for, with_holders
 from devicehost.host.serving.registration import Registration
 from devicehost.host.serving.resource import ResourceServer, Serving
@@ -116,6 +117,7 @@ class Host:
         """Resources whose start is under way, by name: their backend's name."""
         self.reloads = ReloadState()
         """Reloads applied and refused, for ``/status`` and the metrics."""
+        self.peers = PeerWatch(registration.directory, self.token, lambda: list(self.resources.values()))
         self._policies_warned: set[str] = set()
         """``preferred_allocation`` names already warned about as served by no backend."""
 
@@ -159,6 +161,7 @@ class Host:
     async def shutdown(self) -> None:
         """Withdraw every resource (sockets removed, stop hooks called) and close the backends."""
         self.final_state = self.snapshot()
+        self.peers.close()
         await asyncio.gather(*(self._withdraw(name) for name in list(self.resources)), return_exceptions=True)
         await self.dra.close()
         self.backends.close()
@@ -185,6 +188,7 @@ class Host:
         self.discoveries += 1
         await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
         _warn_unserved_policies(self.config.preferred_allocation, self.resources, self._policies_warned)
+        self.peers.look()
 
     async def _reconcile_backend(self, backend: Backend) -> None:
         """Bring ``backend``'s served resources in line with its discovery (the others' are kept)."""

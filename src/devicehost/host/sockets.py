@@ -89,6 +89,27 @@ def remove_own(path: Path, inode: int | None) -> None:
         path.unlink(missing_ok=True)
 
 
+def parse_socket_name(name: str) -> tuple[str, str] | None:
+    """``devicehost-<resource part>-<token>.sock`` -> (resource part, token); None for any other
+    name. Two hosts serving one resource in one dir have sockets with the same resource part."""
+    if not (name.startswith(PREFIX) and name.endswith(SUFFIX)):
+        return None
+    part, sep, token = name[len(PREFIX) : -len(SUFFIX)].rpartition("-")
+    if (
+        not sep
+        or not part
+        or len(token) != len(new_token())
+        or not all(c in "0123456789abcdef" for c in token)
+    ):
+        return None
+    return part, token
+
+
+def is_listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``path`` (a connect, then close)."""
+    return _is_listening(path)
+
+
 def _is_listening(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.2)

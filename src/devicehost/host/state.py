@@ -70,6 +70,8 @@ class ResourceState:
     """Registration tries that failed (refused, or the stream lost soon after), backed off."""
     dra: DraState | None = None
     """How the resource is served through DRA; None: through the device plugin API only."""
+    superseded_by: str = ""
+    """Another host's socket registered for this resource after ours (then not ``registered``)."""
 
     @property
     def device_count(self) -> int:
@@ -181,7 +183,10 @@ class HostState:
                     f"backend {backend.name}: {', '.join(backend.stuck_hooks)} stuck past the hook timeout"
                 )
         lines += [
-            f"resource {r.name} (backend {r.backend}): not registered and streaming"
+            f"resource {r.name} (backend {r.backend}): superseded: another host's socket "
+            f"{r.superseded_by} registered it later"
+            if r.superseded_by
+            else f"resource {r.name} (backend {r.backend}): not registered and streaming"
             for r in self.resources
             if not r.registered
         ]

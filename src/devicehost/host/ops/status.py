@@ -31,6 +31,7 @@ def _resource(state: ResourceState) -> dict[str, Any]:
         "releases": state.releases,
         "releasing": list(state.releasing),
         "failed_tries": state.failed_tries,
+        **({"superseded_by": state.superseded_by} if state.superseded_by else {}),
         **({"dra": asdict(state.dra)} if state.dra is not None else {}),
     }
 
