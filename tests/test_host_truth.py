@@ -24,6 +24,7 @@ from waiting import eventually
 import devicehost
 from devicehost import ContainerAllocation, Device, Resource
 from devicehost.host.app import running
+from devicehost.host.backends.backend import Backend
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import HostConfig, build_config
 from devicehost.host.daemon import Host
@@ -271,3 +272,32 @@ async def test_two_hosts_on_one_dir_notice_each_other_and_only_the_latest_regist
         assert view["resources"][widget]["registered"] is True
         assert "superseded_by" not in view["resources"][widget]
         assert view["ready"] is True
+
+
+async def test_a_refused_resource_is_named_once_and_the_valid_one_served(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    """``resources: {bad name: 2, example.com/widget: 2}``: the widget is served; the bad name is
+    refused with the rule, logged once (not every round), and /readyz says so."""
+    from devicehost_example import ExampleBackend
+
+    port = free_port()
+    settings = {"example": {"resources": {"bad name": 2, "example.com/widget": 2}}}
+    config = HostConfig(
+        device_plugins_dir=plugin_dir,
+        pod_resources_socket=plugin_dir / "no-pod-resources.sock",
+        backends=settings,
+        metrics_address=f"127.0.0.1:{port}",
+        rediscover_interval=0.05,
+    )
+    with captured_logs() as lines:
+        async with running(config, [Backend("example", ExampleBackend(), 2.0)]) as host:
+            await kubelet.wait_for_resource("example.com/widget", healthy=2)
+            await eventually(lambda: host.discoveries >= 5, "five discovery rounds")
+            code, text = await get(port, "/readyz")
+            metrics = (await get(port, "/metrics"))[1]
+    assert code == 503
+    assert "backend example: resource 'bad name' refused: resource name 'bad name' must contain" in text
+    assert sample(metrics, "devicehost_resources_refused", backend="example") == 1
+    refused = [line for line in lines if line["event"] == "resource refused"]
+    assert [line["resource"] for line in refused] == ["bad name"]

@@ -51,9 +51,11 @@ def _plan_one(
         (b.name, None) for b in backends if b is not backend
     ]
     plan = reconcile.plan([(backend.name, answer), *others], served)
-    for refusal in plan.refused:
-        where = {"backend": refusal.backend, "hook": "devicehost_discover", "resource": refusal.resource}
-        log.error("resource refused", **where, problem=refusal.problem)
+    if answer is not None:  # a failed discovery refused nothing new: the last refusals stand
+        refused = {r.resource: r.problem for r in plan.refused if r.backend == backend.name}
+        for resource, problem in backends.note_refused(backend.name, refused).items():  # once per change
+            where = {"backend": backend.name, "hook": "devicehost_discover", "resource": resource}
+            log.error("resource refused", **where, problem=problem)
     return plan
 
 

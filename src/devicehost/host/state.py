@@ -100,6 +100,8 @@ class BackendState:
     """Hook calls that raised, hung or answered wrongly, by hook name."""
     discovery_error: str = ""
     """Why its last discovery failed; empty when it answered (its resources are then its own)."""
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """Resources its last discovery offered that the host refused: the problem (the rule), by name."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,10 @@ class HostState:
                 continue
             if backend.discovery_error:
                 lines.append(f"backend {backend.name}: discovery failed: {backend.discovery_error}")
+            lines += [
+                f"backend {backend.name}: resource {name!r} refused: {problem}"
+                for name, problem in sorted(backend.refused.items())
+            ]
             if backend.stuck_hooks:
                 lines.append(
                     f"backend {backend.name}: {', '.join(backend.stuck_hooks)} stuck past the hook timeout"

@@ -52,6 +52,8 @@ class BackendSet:
         self._announced: weakref.WeakSet[Backend] = weakref.WeakSet()
         self.discovery_errors: dict[str, str] = {}
         """Loaded backends whose last discovery failed, with the error (cleared by a success)."""
+        self.refused: dict[str, dict[str, str]] = {}
+        """Resources the host refused at each backend's last discovery: the problem, by name."""
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(list(self.loaded.values()))
@@ -109,9 +111,16 @@ class BackendSet:
         """Take out a backend that is no longer enabled, ``withdraw`` its resources, and close it."""
         backend = self.loaded.pop(name)
         self.discovery_errors.pop(name, None)
+        self.refused.pop(name, None)
         await withdraw(backend)
         backend.close()
         log.info("backend disabled", backend=name)
+
+    def note_refused(self, name: str, refused: Mapping[str, str]) -> dict[str, str]:
+        """Record the resources refused at ``name``'s discovery; those refused anew (to log)."""
+        before = self.refused.get(name, {})
+        self.refused[name] = dict(refused)
+        return {resource: problem for resource, problem in refused.items() if before.get(resource) != problem}
 
     def set_cdi_dir(self, directory: Path | None) -> None:
         self.cdi_dir = directory
@@ -134,6 +143,7 @@ class BackendSet:
                 stuck_hooks=tuple(b.stuck_hooks()),
                 hook_failures=dict(b.failures),
                 discovery_error=self.discovery_errors.get(b.name, ""),
+                refused=dict(self.refused.get(b.name, {})),
             )
             for b in self
         )

@@ -144,6 +144,13 @@ _BACKEND_FAMILIES: tuple[_Family[BackendState], ...] = (
     ),
     _Family(
         GaugeMetricFamily,
+        "devicehost_resources_refused",
+        "Resources the backend's last discovery offered that the host refused (a rule broken)",
+        (),
+        lambda b: [((), len(b.refused))] if b.loaded else [],
+    ),
+    _Family(
+        GaugeMetricFamily,
         "devicehost_hooks_stuck",
         "Hook calls running past the hook timeout",
         (),

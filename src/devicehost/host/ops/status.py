@@ -64,6 +64,7 @@ def document(state: HostState) -> dict[str, Any]:
                     "status": "loaded",
                     "stuck_hooks": list(b.stuck_hooks),
                     **({"discovery_error": b.discovery_error} if b.discovery_error else {}),
+                    **({"refused": dict(sorted(b.refused.items()))} if b.refused else {}),
                 }
                 for b in loaded
             },
