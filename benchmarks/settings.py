@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 QUICK_TAKES = "1.5 to 3.5 minutes"
-"""How long ``--quick`` takes, measured: 82-90 s on an idle machine, 197 s on 2 cores busy with
-other work (the README and ``--help`` say this)."""
+"""How long ``--quick`` takes, measured: 82-90 s on the machine of issue 26, 178 s on an idle
+2-core machine, 197 s on the same 2 cores busy with other work (the README and ``--help`` say this)."""
 
 
 @dataclass(frozen=True)
