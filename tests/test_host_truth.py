@@ -301,3 +301,21 @@ async def test_a_refused_resource_is_named_once_and_the_valid_one_served(
     assert sample(metrics, "devicehost_resources_refused", backend="example") == 1
     refused = [line for line in lines if line["event"] == "resource refused"]
     assert [line["resource"] for line in refused] == ["bad name"]
+
+
+async def test_a_dead_hosts_socket_is_no_other_host(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
+    """A socket file of another token that nobody accepts on (a killed host's) supersedes nothing."""
+    widget = "example.com/widget"
+    with captured_logs() as lines:
+        async with running_host(plugin_dir, {"ex": ScriptedBackend(widgets(widget, 2))}) as host:
+            await kubelet.wait_for_resource(widget, healthy=2)
+            with socket.socket(socket.AF_UNIX) as dead:
+                dead.bind(
+                    str(plugin_dir / "devicehost-example.com_widget-abcdef.sock")
+                )  # bound, never listening
+                host.peers.look()
+                await asyncio.sleep(1)  # the second look at a socket that did not accept
+                host.peers.look()
+                assert host.snapshot().resource(widget).registered
+                assert host.peers.hosts == {}
+    assert not [line for line in lines if line["event"].startswith("another host serves")]

@@ -30,6 +30,8 @@ log = structlog.get_logger(__name__)
 
 RELOOK_AFTER = 0.5
 """Seconds before a second look at a socket that did not accept yet (bound, not yet listening)."""
+GATHER = 0.05
+"""Seconds the dir's changes are gathered into one look (a restart changes every socket at once)."""
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,30 @@ class PeerWatch:
         """Other hosts serving here now: their token, and their sockets' names."""
         self._refused: set[str] = set()
         """Sockets that did not accept at a look: looked at once more, then not until they change."""
+        self._listening: dict[str, int] = {}
+        """Sockets seen accepting, by name: their inode (not asked again until the periodic look)."""
         self._relook: asyncio.TimerHandle | None = None
 
     def on_dir_change(self, changed: str | None) -> None:
-        """A socket watch subscriber: look again when another host's socket came or went."""
+        """A socket watch subscriber: look again, shortly, when another host's socket came or went."""
         parsed = parse_socket_name(changed) if changed is not None else None
-        if changed is None or (parsed is not None and parsed[1] != self.token):
-            self.look()
+        not_a_peer = changed is not None and (parsed is None or parsed[1] == self.token)
+        if not_a_peer or (self._relook is not None and not self._relook.cancelled()):
+            return  # not another host's socket, or a look is coming anyway
+        self._relook = asyncio.get_running_loop().call_later(GATHER, self._look_again)
 
-    def look(self) -> None:
-        """See who serves here now; say what changed; mark and unmark our superseded resources."""
+    def _look_again(self) -> None:
+        self._relook = None
+        self.look(recheck=False)
+
+    def look(self, recheck: bool = True) -> None:
+        """See who serves here now; say what changed; mark and unmark our superseded resources.
+
+        :param recheck: ask every socket again whether it accepts (the periodic look, once per
+            discovery round); otherwise sockets seen accepting before are taken as live.
+        """
+        if recheck:
+            self._listening.clear()
         peers = self._scan()
         hosts: dict[str, list[str]] = {}
         for peer in peers:
@@ -99,22 +115,23 @@ class PeerWatch:
             if parsed is None or parsed[1] == self.token:
                 continue
             try:
-                created = path.lstat().st_ctime
+                st = path.lstat()
             except FileNotFoundError:
                 continue
-            if not is_listening(path):
-                refused.add(path.name)
-                continue
-            found.append(PeerSocket(path.name, parsed[0], parsed[1], created))
+            if self._listening.get(path.name) != st.st_ino:
+                if not is_listening(path):
+                    refused.add(path.name)
+                    continue
+                self._listening[path.name] = st.st_ino
+            found.append(PeerSocket(path.name, parsed[0], parsed[1], st.st_ctime))
         if refused - self._refused:  # just bound, maybe not listening yet: once more, shortly
-            self._relook_soon()
+            if self._relook is not None:
+                self._relook.cancel()
+            self._relook = asyncio.get_running_loop().call_later(RELOOK_AFTER, self._look_again)
         self._refused = refused
+        present = {peer.name for peer in found} | refused
+        self._listening = {name: ino for name, ino in self._listening.items() if name in present}
         return found
-
-    def _relook_soon(self) -> None:
-        if self._relook is not None:
-            self._relook.cancel()
-        self._relook = asyncio.get_running_loop().call_later(RELOOK_AFTER, self.look)
 
 
 def _judge(server: ResourceServer, by_part: dict[str, list[PeerSocket]], present: set[str]) -> None:
