@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -67,8 +68,13 @@ def compared(
     ratio_target: Target | None = None,
     target: Target | None = None,
 ) -> list[Figure]:
-    """The host's figure beside the bare baseline, and their ratio, each with its own target."""
-    return [
-        Figure(measurement, name, host, unit, baseline=bare, target=target),
-        Figure(measurement, f"{name} host/bare", round(host / bare, 3), "x", target=ratio_target),
-    ]
+    """The host's figure beside the bare baseline, and their ratio, each with its own target.
+
+    A bare baseline of 0 (the bare server used no CPU in its idle window, say) has no ratio: the
+    host's figure is reported alone, judged by its own target, and the ratio's absence is said.
+    """
+    figure = Figure(measurement, name, host, unit, baseline=bare, target=target)
+    if bare == 0:
+        print(f"   {measurement}: {name}: the bare server measured 0, no host/bare ratio", file=sys.stderr)
+        return [figure]
+    return [figure, Figure(measurement, f"{name} host/bare", round(host / bare, 3), "x", target=ratio_target)]

@@ -30,11 +30,19 @@ OUT_DIR = Path(__file__).resolve().parent / "out"
 TOP = 25
 
 
-async def drive(scenario: str, workdir: Path, seconds: float, out: Path) -> int:
+NO_PY_SPY = "benchmarks.profile: py-spy is not installed (pip install py-spy), nothing was measured"
+
+
+def find_py_spy() -> str | None:
+    """The py-spy command: on PATH, or beside this interpreter (a venv not activated); None if neither."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
+
+
+async def drive(scenario: str, workdir: Path, seconds: float, out: Path, py_spy: str) -> int:
     """Run ``scenario`` for ``seconds`` while py-spy records the host; how many rounds it did."""
     directory = workdir / "profile"
     names = [RESOURCE] if scenario == "allocate" else RESTART_RESOURCES
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     done = 0
     async with (
         TimedKubelet(directory) as kubelet,
@@ -86,11 +94,15 @@ def main() -> int:
         "--out", type=Path, help="py-spy raw (collapsed) stacks; default out/<scenario>.pyspy.txt"
     )
     args = parser.parse_args()
+    py_spy = find_py_spy()
+    if py_spy is None:  # said before anything starts: one line, no traceback
+        print(NO_PY_SPY, file=sys.stderr)
+        return 1
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     out = args.out or OUT_DIR / f"{args.scenario}.pyspy.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dhp-") as tmp:
-        done = asyncio.run(drive(args.scenario, Path(tmp), args.seconds, out))
+        done = asyncio.run(drive(args.scenario, Path(tmp), args.seconds, out, py_spy))
     print(f"{done} {'Allocates' if args.scenario == 'allocate' else 'restarts'} in {args.seconds:g} s")
     print(summary(out))
     return 0

@@ -28,7 +28,7 @@ from benchmarks.dra_prepare import measure as dra_prepare
 from benchmarks.dra_publish import measure as dra_publish
 from benchmarks.figures import Figure
 from benchmarks.procs import compile_sources
-from benchmarks.settings import MODES, Settings
+from benchmarks.settings import MODES, QUICK_TAKES, Settings
 
 Measure = Callable[[Settings, Path], Awaitable[list[Figure]]]
 MEASUREMENTS: dict[str, Measure] = {
@@ -104,14 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_const", dest="mode", const="quick", help="smaller, under 60 s")
+    size.add_argument(
+        "--quick", action="store_const", dest="mode", const="quick", help=f"smaller: {QUICK_TAKES}"
+    )
     size.add_argument(
         "--minimal", action="store_const", dest="mode", const="minimal", help="smallest, for the smoke test"
     )
     parser.add_argument("--only", action="append", choices=list(MEASUREMENTS), help="repeatable")
     parser.add_argument("--workdir", type=Path, help="keep sockets and server logs here")
     args = parser.parse_args(argv)
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     compile_sources()
     mode = args.mode or "full"

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+QUICK_TAKES = "1.5 to 3.5 minutes"
+"""How long ``--quick`` takes, measured: 82-90 s on the machine of issue 26, 178 s on an idle
+2-core machine, 197 s on the same 2 cores busy with other work (the README and ``--help`` say this)."""
+
 
 @dataclass(frozen=True)
 class Settings:
-    """Sample counts and sizes; ``full`` takes about 8 minutes on 2 cores, ``quick`` 90 s."""
+    """Sample counts and sizes; ``full`` takes about 8 minutes on 2 cores, ``quick`` :data:`QUICK_TAKES`."""
 
     allocate_samples: int
     push_samples: int

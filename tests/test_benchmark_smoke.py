@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +17,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_allocate_measurement_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "allocate", "--out", str(out)],
         cwd=REPO,
         check=True,
         capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GRPC_")},
         timeout=60,
     )
+    assert [line for line in done.stderr.splitlines() if ".cc:" in line] == []  # no C-core INFO lines
     results = json.loads(out.read_text())
     assert results["mode"] == "minimal"
     assert results["machine"]["cores"] >= 1
@@ -97,3 +101,57 @@ def test_imports_report_names_what_only_the_host_imports() -> None:
     assert "devicehost.host.config" in packages
     assert "pydantic" in packages
     assert "grpc" not in packages
+
+
+def test_a_bare_baseline_of_zero_gives_the_host_figure_without_a_ratio() -> None:
+    """The bare server used 0 CPU in its idle window: no ZeroDivisionError, the host's own
+    figure and target stay."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from benchmarks.figures import Target, compared
+    finally:
+        sys.path.remove(str(REPO))
+
+    figures = compared("idle", "CPU", 0.4, 0.0, "%", ratio_target=Target("<=", 2), target=Target("<=", 1))
+    assert [(f.name, f.value, f.passed) for f in figures] == [("CPU", 0.4, True)]
+    assert [f.name for f in compared("idle", "CPU", 0.4, 0.2, "%")] == ["CPU", "CPU host/bare"]
+
+
+def test_profile_without_py_spy_says_so_in_one_line(tmp_path: Path) -> None:
+    """No py-spy on PATH nor beside the interpreter: one line, exit 1, no traceback."""
+    bare_python = tmp_path / "bin" / "python"
+    bare_python.parent.mkdir()
+    bare_python.symlink_to(sys.executable)  # sys.executable's dir has no py-spy
+    env = {"PATH": str(bare_python.parent), "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        [str(bare_python), "-m", "benchmarks.profile", "--seconds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "benchmarks.profile: py-spy is not installed (pip install py-spy), nothing was measured"
+    ]
+
+
+def test_quick_says_how_long_it_takes_as_measured() -> None:
+    """``--help`` and the README give ``--quick``'s measured duration, from one constant."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from benchmarks.settings import QUICK_TAKES
+    finally:
+        sys.path.remove(str(REPO))
+    shown = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert QUICK_TAKES in " ".join(shown.stdout.split())
+    assert f"`--quick` for a smaller run of {QUICK_TAKES})" in " ".join(
+        (REPO / "README.md").read_text().split()
+    )

@@ -374,10 +374,31 @@ def test_a_metrics_port_in_use_is_one_line(env: dict[str, str]) -> None:
         result = run_cli(
             "run", "--simulate-kubelet", "--backend", "good", "--metrics-address", address, env=env
         )
-    assert result.returncode == 2
+    assert result.returncode == 1  # README: 1, the host could not start
     assert result.stderr.startswith(f"devicehost: cannot listen on metrics address {address}: ")
     assert "address already in use" in result.stderr.lower()
     assert len(result.stderr.splitlines()) == 1
+    assert "metrics address already in use" in readme_exit_codes()[result.returncode]
+
+
+def readme_exit_codes() -> dict[int, str]:
+    """README.md's exit codes: what each code's clause says, by code."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    paragraph = text.split("Exit codes: ", 1)[1].split(". Errors are one line", 1)[0]
+    clauses = re.split(r"(?:^|[,;] )(\d) ", " ".join(paragraph.split()))
+    return {int(code): what for code, what in zip(clauses[1::2], clauses[2::2], strict=True)}
+
+
+def test_readme_exit_codes_are_the_code_s() -> None:
+    from devicehost.host.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+    codes = readme_exit_codes()
+    assert sorted(codes) == sorted({EXIT_OK, EXIT_FAILED, EXIT_USAGE})
+    assert "clean stop" in codes[EXIT_OK]
+    assert "no backend could be loaded" in codes[EXIT_FAILED]
+    assert "bad configuration" in codes[EXIT_USAGE]
 
 
 def test_the_flags_the_readme_lists_exist(env: dict[str, str], short_tmp: Path) -> None:
@@ -405,3 +426,51 @@ def test_version_and_subcommand_usage(env: dict[str, str]) -> None:
     assert bogus.returncode == 2
     assert bogus.stderr.startswith("usage: devicehost run ")
     assert bogus.stderr.endswith("devicehost run: error: unrecognized arguments: --bogus\n")
+
+
+DISCOVERY_FAILS = """
+import devicehost
+
+@devicehost.hookimpl
+def devicehost_discover():
+    raise OSError("no such device: /dev/fpga0")
+
+@devicehost.hookimpl
+def devicehost_allocate(device_ids):
+    return devicehost.ContainerAllocation()
+"""
+
+
+def test_config_check_refuses_a_backend_that_fails_to_load(env: dict[str, str], tmp_path: Path) -> None:
+    """``run`` would exit 1 (no backend could be loaded): ``config check`` says why first."""
+    config = write(tmp_path, "enabled_backends: [broken]\n")
+    checked = run_cli("config", "check", config, env=env)
+    assert checked.returncode == 1
+    assert checked.stdout == ""
+    assert checked.stderr.splitlines() == [
+        f"devicehost: {config}: `run` would not serve:",
+        "  backend broken: failed to load: import of dh_broken failed (ModuleNotFoundError: No module "
+        "named 'no_such_driver_module'); the backend's package is broken: reinstall or upgrade it, "
+        "or disable the backend",
+    ]
+    assert run_cli("run", "--simulate-kubelet", "--config", config, env=env).returncode == 1
+
+
+def test_config_check_runs_discovery_and_refuses_a_failing_one(env: dict[str, str], tmp_path: Path) -> None:
+    site = Path(env["PYTHONPATH"].split(os.pathsep)[0])
+    install_fake_distribution(site, "devicehost-fails", "dh_fails", DISCOVERY_FAILS, "fails = dh_fails")
+    checked = run_cli("config", "check", write(tmp_path, "enabled_backends: [fails, good]\n"), env=env)
+    assert checked.returncode == 2
+    assert checked.stderr.splitlines()[1:] == [
+        "  backends.fails: discovery failed, nothing would be served: backend 'fails' devicehost_discover "
+        "raised OSError: no such device: /dev/fpga0"
+    ]
+
+
+def test_config_check_names_each_resource_run_would_refuse(env: dict[str, str], tmp_path: Path) -> None:
+    text = "enabled_backends: [example]\nbackends: {example: {resources: {bad name: 2, example.com/widget: 2}}}\n"
+    checked = run_cli("config", "check", write(tmp_path, text), env=env)
+    assert checked.returncode == 2
+    (problem,) = checked.stderr.splitlines()[1:]
+    assert problem.startswith("  backends.example: resource 'bad name' would not be served: resource name ")
+    assert "Traceback" not in checked.stderr

@@ -149,3 +149,67 @@ def test_native_lines_become_log_records(caplog: pytest.LogCaptureFixture) -> No
         ("grpc-core", "ERROR", "bad [server.cc:10]"),
         ("stderr", "ERROR", "something else"),
     ]
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+async def test_no_grpc_core_line_at_default_verbosity_over_kubelet_restarts(
+    kubelet: KubeletStandIn, plugin_dir: Path, log_format: str
+) -> None:
+    """Nobody asked gRPC for more (no GRPC_VERBOSITY, no GRPC_TRACE): C-core's INFO lines (its
+    ``Got goaway`` at every restart) appear nowhere, neither as log lines nor raw on stderr."""
+    args = ["--log-format", log_format]
+    async with host_process(plugin_dir, ["example"], args=args, env=child_env()) as child:
+        await kubelet.wait_for_resource("example.com/widget", healthy=4)
+        for _ in range(3):
+            await kubelet.restart()  # the host's kubelet.sock channel gets a GOAWAY each time
+            await kubelet.wait_for_resource("example.com/widget", healthy=4)
+        await eventually(
+            lambda: sum("registered" in str(line.get("event", line.get("raw"))) for line in child.lines) >= 4,
+            "the host registered again after every restart",
+        )
+        assert await child.stop() == 0
+    text = [str(line.get("raw", "")) for line in child.lines] + child.stderr.splitlines()
+    assert [line for line in text if logs._NATIVE_LINE.match(line.strip()) or ".cc:" in line] == []
+    assert [line for line in child.lines if line.get("logger") == "grpc-core"] == []
+
+
+RAISING_BACKEND = """
+import devicehost
+
+def probe_the_driver():
+    raise RuntimeError("driver gone")
+
+@devicehost.hookimpl
+def devicehost_discover():
+    probe_the_driver()
+
+@devicehost.hookimpl
+def devicehost_allocate(device_ids):
+    return devicehost.ContainerAllocation()
+"""
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+async def test_a_hook_exception_carries_its_traceback_at_debug_level(
+    kubelet: KubeletStandIn, plugin_dir: Path, tmp_path: Path, level: str
+) -> None:
+    from hostfakes import install_fake_distribution
+
+    site = tmp_path / "site"
+    install_fake_distribution(
+        site, "devicehost-raising", "dh_raising", RAISING_BACKEND, "raising = dh_raising"
+    )
+    env = child_env(PYTHONPATH=os.pathsep.join([str(site), *sys.path]))
+    async with host_process(plugin_dir, ["raising"], args=["--log-level", level], env=env) as child:
+        await child.wait_for_log("discovery failed, keeping this backend's resources as they are")
+        assert await child.stop() == 0
+    failed = [line for line in child.lines if line.get("event", "").startswith("discovery failed")]
+    assert "RuntimeError: driver gone" in failed[0]["error"]  # the one line, at every level
+    raised = [line for line in child.lines if line.get("event") == "hook raised"]
+    if level == "info":
+        assert raised == []
+        return
+    assert raised[0]["backend"] == "raising"
+    assert raised[0]["hook"] == "devicehost_discover"
+    frames = [frame["name"] for frame in raised[0]["exception"][0]["frames"]]
+    assert "probe_the_driver" in frames  # where it raised, in the backend's own code

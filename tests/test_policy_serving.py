@@ -51,3 +51,22 @@ async def test_the_backends_own_hook_wins_over_a_policy(kubelet: KubeletStandIn,
         await kubelet.wait_for_resource(GPU, healthy=4)
         assert (await kubelet.allocate(GPU, 2)).preferred == ("w0", "w1")
         assert backend.count("devicehost_preferred_allocation") == 1
+
+
+async def test_a_policy_for_a_resource_nobody_serves_is_warned_about_once(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    from hostfakes import captured_logs
+
+    policies = {GPU: "spread", "example.com/nothere": "spread"}
+    with captured_logs() as lines:
+        async with running_host(
+            plugin_dir, {"plain": ScriptedBackend(REPLICAS)}, preferred_allocation=policies
+        ) as host:
+            await kubelet.wait_for_resource(GPU, healthy=8)
+            await host.reconcile()
+            await host.reconcile()
+    warned = [line for line in lines if line["event"].startswith("preferred_allocation names resources")]
+    assert len(warned) == 1
+    assert warned[0]["resources"] == ["example.com/nothere"]
+    assert warned[0]["served"] == [GPU]

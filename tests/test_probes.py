@@ -241,7 +241,7 @@ async def test_the_probe_port_listens_before_the_backends_load(
         await proc.wait()
 
 
-def test_a_taken_metrics_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_taken_metrics_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -255,7 +255,7 @@ def test_a_taken_metrics_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
             env=env,
             timeout=30,
         )
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"devicehost: cannot listen on metrics address 127.0.0.1:{port}: Address already in use"
     ]

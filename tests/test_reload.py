@@ -193,3 +193,46 @@ async def test_cdi_specs_follow_a_reload_so_every_allocated_name_is_defined(
         await eventually(lambda: not list(cdi_dir.glob("*.json")), "the spec removed")
         assert await allocated_names("widget-3") == []
     assert not list(cdi_dir.glob("*.json"))
+
+
+IN_PLACE_VALUES: dict[str, object] = {
+    "rediscover_interval": 0.2,
+    "health_interval": 0.7,
+    "hook_timeout": 3.5,
+    "register_timeout": 2.5,
+    "cdi_dir": "/tmp/dh-reloaded-cdi",
+}
+"""A new value for every in-place setting but the backends' own three, which the tests above
+reload (enable, disable, new settings)."""
+
+
+async def test_every_in_place_setting_reaches_the_running_host(
+    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path
+) -> None:
+    from devicehost.host.config import IN_PLACE, on_reload
+
+    in_place = {key for key in HostConfig.model_fields if on_reload(key) == IN_PLACE}
+    assert in_place == set(IN_PLACE_VALUES) | {"enabled_backends", "disabled_backends", "backends"}
+    config_file = short_tmp / "config.yaml"
+    config_file.write_text(yaml.safe_dump(example_config(plugin_dir, {"example.com/a": 2})))
+    async with host_from_file(config_file) as host:
+        await kubelet.wait_for_resource("example.com/a", healthy=2)
+        config_file.write_text(
+            yaml.safe_dump(example_config(plugin_dir, {"example.com/a": 2}, **IN_PLACE_VALUES))
+        )
+        host.request_reload()
+        await eventually(lambda: host.config.rediscover_interval == 0.2, "the reload")
+        for key, value in IN_PLACE_VALUES.items():
+            assert str(getattr(host.config, key)) == str(value), key
+        server = host.resources["example.com/a"]
+        assert server.health_interval == 0.7
+        (backend,) = host.backends
+        assert backend.hook_timeout == 3.5
+        assert backend.cdi_dir == Path("/tmp/dh-reloaded-cdi")
+        discoveries = host.discoveries
+        await eventually(lambda: host.discoveries >= discoveries + 3, "discoveries every 0.2 s", within=3)
+        assert host.resources["example.com/a"] is server  # applied in place, not served anew
+        assert kubelet.registrations("example.com/a") == 1
+    from devicehost import cdi
+
+    assert cdi.default_dir() == cdi.DEFAULT_CDI_DIR  # the host's cdi_dir went to its hook calls only

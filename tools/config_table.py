@@ -19,12 +19,12 @@ END = "<!-- /config-table -->"
 
 
 def table() -> str:
-    """One row per setting: file key, flag, environment variable, default, meaning."""
+    """One row per setting: file key, flag, environment variable, default, what a reload does, meaning."""
     defaults = HostConfig().model_dump(mode="json")
     rows = [
-        "| config file key | flag | environment | default | meaning |",
-        "|---|---|---|---|---|",
-        f"| (the file itself) | `--config FILE` | `{ENV_CONFIG}` | none | the YAML config file |",
+        "| config file key | flag | environment | default | on reload | meaning |",
+        "|---|---|---|---|---|---|",
+        f"| (the file itself) | `--config FILE` | `{ENV_CONFIG}` | none | followed | the YAML config file |",
     ]
     for s in settings():
         flag = f"`{s.flag}`" if s.shape == "switch" else f"`{s.flag} {s.metavar}`"
@@ -34,7 +34,7 @@ def table() -> str:
             flag = f"`{s.flag} {{{','.join(s.choices)}}}`"
         default = json.dumps(defaults[s.key])
         meaning = s.description.replace("|", "\\|")
-        rows.append(f"| `{s.key}` | {flag} | `{s.env}` | `{default}` | {meaning} |")
+        rows.append(f"| `{s.key}` | {flag} | `{s.env}` | `{default}` | {s.on_reload} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 

@@ -10,11 +10,12 @@ and applies the device's container edits. Import the module, not its names: ``cd
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,18 +56,30 @@ __all__ = [
 ]
 
 _default_dir = DEFAULT_CDI_DIR
+"""The default of a process with no host in it (a backend's own tests): :func:`set_default_dir`."""
+_host_dir: contextvars.ContextVar[Path | None] = contextvars.ContextVar("devicehost_cdi_dir", default=None)
+"""The ``cdi_dir`` of the host calling a hook, set in that call's own context only."""
 _ENV_NAME = re.compile(r"[^=\0]+")
 
 
 def set_default_dir(path: str | os.PathLike[str]) -> None:
-    """Set where :func:`write_spec` and :func:`remove_spec` go when given no directory."""
+    """Set where :func:`write_spec` and :func:`remove_spec` go when given no directory, outside a
+    host's hook calls (which get the host's ``cdi_dir``): for a backend's own tests."""
     global _default_dir
     _default_dir = Path(path)
 
 
 def default_dir() -> Path:
-    """Where :func:`write_spec` and :func:`remove_spec` go when given no directory."""
-    return _default_dir
+    """Where :func:`write_spec` and :func:`remove_spec` go when given no directory: in a hook the
+    host calls, the host's ``cdi_dir``; elsewhere what :func:`set_default_dir` set."""
+    return _host_dir.get() or _default_dir
+
+
+def _call_in_dir(directory: Path, call: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """``call(**kwargs)`` with ``directory`` as :func:`default_dir`; for the host, which runs
+    each hook call in a context of its own (the value never outlives the call)."""
+    _host_dir.set(directory)
+    return call(**kwargs)
 
 
 @keyword_only
@@ -293,7 +306,7 @@ def spec_path(kind: str, cdi_dir: str | os.PathLike[str] | None = None) -> Path:
     problem = kind_problem(kind)
     if problem:
         raise ValueError(problem)
-    directory = Path(cdi_dir) if cdi_dir is not None else _default_dir
+    directory = Path(cdi_dir) if cdi_dir is not None else default_dir()
     return directory / f"devicehost-{kind.replace('/', '_')}.json"
 
 
@@ -343,7 +356,7 @@ def defined_names(cdi_dir: str | os.PathLike[str] | None = None) -> dict[str, Pa
     """
     import yaml  # here, not at module level: every backend imports this module via devicehost
 
-    directory = Path(cdi_dir) if cdi_dir is not None else _default_dir
+    directory = Path(cdi_dir) if cdi_dir is not None else default_dir()
     names: dict[str, Path] = {}
     for path in sorted(directory.glob("*")):
         if path.suffix not in (".json", ".yaml") or not path.is_file():

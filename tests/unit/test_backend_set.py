@@ -212,10 +212,18 @@ async def test_states_report_stuck_hooks_and_hook_failures(make: Make) -> None:
             await asyncio.sleep(0.01)
     states = {s.name: s for s in backends.states()}
     assert states["stuck"] == BackendState(
-        "stuck", True, stuck_hooks=("devicehost_discover",), hook_failures={"devicehost_discover": 1}
+        "stuck",
+        True,
+        stuck_hooks=("devicehost_discover",),
+        hook_failures={"devicehost_discover": 1},
+        discovery_error="backend 'stuck' devicehost_discover did not return within 0.05 s",
     )
     assert states["failing"] == BackendState(
-        "failing", True, stuck_hooks=(), hook_failures={"devicehost_discover": 1}
+        "failing",
+        True,
+        stuck_hooks=(),
+        hook_failures={"devicehost_discover": 1},
+        discovery_error="backend 'failing' devicehost_discover raised RuntimeError: boom",
     )
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("logging_untouched")
 
 def test_config_check_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.yaml"
-    good.write_text("health_interval: 2\nbackends: {example: {numa_nodes: 2}}\n")
+    good.write_text("health_interval: 2\nenabled_backends: [example]\nbackends: {example: {numa_nodes: 2}}\n")
     assert main(["config", "check", str(good)]) == 0
     assert capsys.readouterr() == (f"{good}: valid\n", "")
 

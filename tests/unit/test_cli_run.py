@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,6 +31,7 @@ class Served:
         failed_backends: Mapping[str, str] | None = None,
         reload_config: Callable[[], HostConfig] | None = None,
         config_file: Path | None = None,
+        metrics_listener: socket.socket | None = None,
     ) -> None:
         self.calls.append(
             {
@@ -38,8 +40,11 @@ class Served:
                 "failed_backends": failed_backends,
                 "reload_config": reload_config,
                 "config_file": config_file,
+                "metrics_listener": metrics_listener,
             }
         )
+        if metrics_listener is not None:
+            metrics_listener.close()
         for backend in backends:
             backend.close()
 

@@ -31,6 +31,7 @@ class FakeRunHost:
         config_file: Path | None = None,
         on_start: Callable[[Any], None] | None = None,
         cluster: Callable[[], Any] | None = None,
+        metrics_listener: object = None,
     ) -> None:
         assert reload_config is not None
         assert cluster is not None  # DRA talks to the in-memory API server, never a real one

@@ -213,6 +213,9 @@ def test_no_resources_and_no_backends_renders_only_the_declarations() -> None:
     assert [line for line in text if not line.startswith("#")] == [
         "devicehost_ready 0.0",  # discovery has not run
         "devicehost_live 1.0",
+        'devicehost_reloads_total{outcome="applied"} 0.0',
+        'devicehost_reloads_total{outcome="refused"} 0.0',
+        "devicehost_reload_refused 0.0",
     ]
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from devicehost.host.config import HostConfig
-from devicehost.host.reload import RESTART_KEYS, ReloadPlan, plan
+from devicehost.host.config import IN_PLACE, NEXT_START, HostConfig, on_reload, restart_only_keys
+from devicehost.host.reload import ReloadPlan, plan
 
 INSTALLED = ("a", "b", "c")
 
@@ -58,7 +58,37 @@ RESTART_VALUES = {
 
 
 def test_every_restart_key_is_covered() -> None:
-    assert set(RESTART_VALUES) == set(RESTART_KEYS)
+    assert set(RESTART_VALUES) == set(restart_only_keys())
+
+
+def test_every_setting_is_marked_in_place_or_next_start_on_the_model() -> None:
+    """One mark per field, on the model: nothing to keep in step by hand."""
+    for key in HostConfig.model_fields:
+        assert on_reload(key) in (IN_PLACE, NEXT_START), key
+    in_place = {key for key in HostConfig.model_fields if on_reload(key) == IN_PLACE}
+    assert in_place == set(HostConfig.model_fields) - set(restart_only_keys())
+    assert {
+        "rediscover_interval",
+        "health_interval",
+        "hook_timeout",
+        "register_timeout",
+        "cdi_dir",
+    } <= in_place
+
+
+def test_an_unmarked_setting_is_refused() -> None:
+    from pydantic import Field, create_model
+
+    unmarked = create_model("Unmarked", __base__=HostConfig, extra_key=(int, Field(1)))
+    import devicehost.host.config as config_module
+
+    original = config_module.HostConfig
+    config_module.HostConfig = unmarked  # type: ignore[misc]
+    try:
+        with pytest.raises(LookupError, match=r"HostConfig\.extra_key must be marked IN_PLACE or NEXT_START"):
+            config_module.restart_only_keys()
+    finally:
+        config_module.HostConfig = original  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(("key", "value"), list(RESTART_VALUES.items()), ids=list(RESTART_VALUES))

@@ -107,6 +107,7 @@ def test_document_has_todays_shape() -> None:
             },
         },
         "device_release": "on",
+        "reloads": {"applied": 0, "refused": 0, "latest_refused": False, "last_refused": None},
         "ready": False,
         "live": True,
         "problems": [

@@ -46,6 +46,16 @@ def test_default_settings_offer_four_widgets_on_numa_node_0() -> None:
     ]
 
 
+def test_a_bad_resource_name_leaves_the_valid_one_discovered() -> None:
+    """A name the host will refuse (it names the rule) must not make discovery raise: the valid
+    widget is still offered, and served."""
+    backend = configured(resources={"bad name": 2, WIDGET: 2})
+    offered = {r.name: [d.id for d in r.devices] for r in backend.devicehost_discover()}
+    assert offered == {"bad name": ["bad name-0", "bad name-1"], WIDGET: ["widget-0", "widget-1"]}
+    assert rules.resource_name_problem("bad name") is not None
+    assert rules.resource_name_problem(WIDGET) is None
+
+
 def test_numa_nodes_spread_widgets_round_robin() -> None:
     [resource] = configured(resources={WIDGET: 3}, numa_nodes=2).devicehost_discover()
     assert [d.numa_nodes for d in resource.devices] == [(0,), (1,), (0,)]

@@ -15,6 +15,7 @@ import contextlib
 import gc
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import structlog
 
-from devicehost import cdi
 from devicehost.host.backends.backend import Backend
 from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.config import HostConfig
@@ -33,7 +33,7 @@ from devicehost.host.kubelet.client import KubeletClient
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
 from devicehost.host.logs import drain_native_stderr
 from devicehost.host.serving.mode import for_mode
-from devicehost.host.sockets import remove_stale, take_early_listener
+from devicehost.host.sockets import remove_stale
 from devicehost.host.state import STARTING, HostState
 
 if TYPE_CHECKING:
@@ -57,11 +57,14 @@ async def running(
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
     cluster: Callable[[], Cluster] | None = None,
+    metrics_listener: socket.socket | None = None,
 ) -> AsyncIterator[Host]:
     """A host serving ``backends`` with everything around it, until the block ends.
 
     The probe endpoints start first, answering live but not ready until the host runs.
     ``cluster`` makes the API server client of DRA; unset: the real one from the config.
+    ``metrics_listener``: a socket already listening on ``metrics_address`` (bound before the
+    slow part of the start) for the probes to serve; unset: they bind it themselves.
     """
     host: Host | None = None
 
@@ -72,9 +75,8 @@ async def running(
     async with contextlib.AsyncExitStack() as stack:
         if metrics is not None:
             metrics.watch(snapshot)
-            await _serve_probes(stack, snapshot, metrics, config.metrics_address)
+            await _serve_probes(stack, snapshot, metrics, config.metrics_address, metrics_listener)
         _remove_stale_sockets(config)
-        cdi.set_default_dir(config.cdi_dir)
         watch = KubeletSocketWatch(config.device_plugins_dir)
         client = KubeletClient(watch, config.register_timeout)
         stack.push_async_callback(client.close)
@@ -83,12 +85,13 @@ async def running(
         )
         host = Host(
             config,
-            BackendSet(backends, failed_backends),
+            BackendSet(backends, failed_backends, cdi_dir=config.cdi_dir),
             registration,
             observe_allocation=None if metrics is None else metrics.observer,
             reload_config=reload_config,
             cluster=cluster,
         )
+        watch.subscribe(host.peers.on_dir_change)  # another host's sockets come and go in this dir
         await stack.enter_async_context(_helper(watch.run(), "kubelet socket watch"))
         if host.release is not None:  # the checkpoint file's changes are its trigger to look
             watch.subscribe(host.release.poke)
@@ -113,6 +116,7 @@ async def run_host(
     config_file: Path | None = None,
     on_start: Callable[[Host], None] | None = None,
     cluster: Callable[[], Cluster] | None = None,
+    metrics_listener: socket.socket | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (a second signal exits at once with status 1); SIGHUP reloads.
 
@@ -128,6 +132,7 @@ async def run_host(
         reload_config=reload_config,
         config_file=config_file,
         cluster=cluster,
+        metrics_listener=metrics_listener,
     ) as host:
         if on_start is not None:
             on_start(host)
@@ -208,12 +213,16 @@ def _metrics() -> HostMetrics:
 
 
 async def _serve_probes(
-    stack: contextlib.AsyncExitStack, snapshot: Callable[[], HostState], metrics: HostMetrics, address: str
+    stack: contextlib.AsyncExitStack,
+    snapshot: Callable[[], HostState],
+    metrics: HostMetrics,
+    address: str,
+    listener: socket.socket | None,
 ) -> None:
     """Serve /metrics, /healthz, /readyz and /status (aiohttp is imported only when asked for)."""
     from devicehost.host.ops.probes import ProbeServer
 
-    probes = ProbeServer(snapshot, metrics, address, take_early_listener(address))
+    probes = ProbeServer(snapshot, metrics, address, listener)
     await probes.start()
     stack.push_async_callback(probes.stop)
     log.info("serving metrics and probes", address=address)

@@ -21,11 +21,12 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     PositiveFloat,
     ValidationError,
-    field_serializer,
     field_validator,
     model_validator,
 )
@@ -57,103 +58,166 @@ def _driver_name(driver: str) -> str:
 DriverName = Annotated[str, AfterValidator(_driver_name)]
 
 
+@dataclass(frozen=True)
+class OnReload:
+    """What a reload does with a setting: marks each field of :class:`HostConfig`.
+
+    ``in place``: the running host applies the new value (the host's one place for it is
+    ``devicehost.host.daemon.apply_in_place``, or the backends' reload). ``next start``: it
+    names a socket, a server, a dir or a renderer already in use; a reload keeps the old value
+    and says so.
+    """
+
+    when: Literal["in place", "next start"]
+
+
+IN_PLACE = OnReload("in place")
+NEXT_START = OnReload("next start")
+
+
+def _octal_text(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            return int(value, 8)
+        except ValueError:
+            raise ValueError("must be octal permission bits such as '0600'") from None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0o777:
+        raise ValueError(
+            f"YAML read {value} as a decimal number, more than the permission bits 0o777 allow; "
+            f"write octal as a string ('0{value}') or with a 0o prefix (0o{value})"
+        )
+    return value
+
+
+def _mode_bits(value: int) -> int:
+    if not 0 <= value <= 0o777:
+        raise ValueError("must be permission bits between 0o000 and 0o777")
+    return value
+
+
+def _host_port(value: str) -> str:
+    if value:
+        check_address(value)
+    return value
+
+
+OctalMode = Annotated[
+    int, BeforeValidator(_octal_text), AfterValidator(_mode_bits), PlainSerializer(lambda v: f"0{v:o}")
+]
+"""Permission bits, written and shown as octal text."""
+Address = Annotated[str, AfterValidator(_host_port)]
+"""``HOST:PORT``, or empty."""
+
+
 class HostConfig(BaseModel):
     """Everything the host can be told. Field descriptions are the documentation."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    device_plugins_dir: Path = Field(
+    device_plugins_dir: Annotated[Path, NEXT_START] = Field(
         DEFAULT_DEVICE_PLUGINS_DIR, description="the kubelet's device-plugins dir (kubelet.sock lives here)"
     )
-    allow_symlinked_dirs: bool = Field(
+    allow_symlinked_dirs: Annotated[bool, NEXT_START] = Field(
         False, description="accept a device-plugins or plugins_registry dir reached through a symlink"
     )
-    plugins_registry_dir: Path = Field(
+    plugins_registry_dir: Annotated[Path, NEXT_START] = Field(
         DEFAULT_PLUGINS_REGISTRY_DIR,
         description="the kubelet's plugin-watcher dir (registration mode watcher)",
     )
-    registration_mode: Literal["auto", "kubelet", "watcher"] = Field(
+    registration_mode: Annotated[Literal["auto", "kubelet", "watcher"], NEXT_START] = Field(
         "auto",
         description="kubelet: Register on kubelet.sock; watcher: a socket in plugins_registry_dir; "
         "auto: watcher when the kubelet wrote DEPRECATION in the device-plugins dir",
     )
-    enabled_backends: tuple[str, ...] = Field(
+    enabled_backends: Annotated[tuple[str, ...], IN_PLACE] = Field(
         (),
         description="load only these backends, in this order; empty loads every installed one",
         json_schema_extra={"flag": "--backend", "env": "DEVICEHOST_BACKENDS"},
     )
-    disabled_backends: tuple[str, ...] = Field(
+    disabled_backends: Annotated[tuple[str, ...], IN_PLACE] = Field(
         (), description="never load these backends", json_schema_extra={"flag": "--disable"}
     )
-    backends: dict[str, dict[str, Any]] = Field(
+    backends: Annotated[dict[str, dict[str, Any]], IN_PLACE] = Field(
         {},
         description="per-backend settings (backend name -> mapping), checked by that backend's "
         "settings model and handed to its devicehost_configure",
         json_schema_extra={"flag": "--backend-settings", "env": "DEVICEHOST_BACKEND_SETTINGS"},
     )
-    rediscover_interval: PositiveFloat = Field(10.0, description="seconds between discoveries")
-    health_interval: PositiveFloat = Field(5.0, description="seconds between health polls")
-    hook_timeout: PositiveFloat = Field(10.0, description="seconds a hook may run before it counts as hung")
-    register_timeout: PositiveFloat = Field(
+    rediscover_interval: Annotated[PositiveFloat, IN_PLACE] = Field(
+        10.0, description="seconds between discoveries"
+    )
+    health_interval: Annotated[PositiveFloat, IN_PLACE] = Field(
+        5.0, description="seconds between health polls"
+    )
+    hook_timeout: Annotated[PositiveFloat, IN_PLACE] = Field(
+        10.0, description="seconds a hook may run before it counts as hung"
+    )
+    register_timeout: Annotated[PositiveFloat, IN_PLACE] = Field(
         5.0, description="seconds a Register call to the kubelet may take"
     )
-    socket_mode: int = Field(
+    socket_mode: Annotated[OctalMode, NEXT_START] = Field(
         0o600,
         description="permission bits of the resource sockets; a string is octal ('0660', '660', "
         "'0o660'), a bare YAML number over 0o777 such as 660 is refused",
         json_schema_extra={"metavar": "OCTAL"},
     )
-    log_format: Literal["auto", "json", "console"] = Field(
+    log_format: Annotated[Literal["auto", "json", "console"], NEXT_START] = Field(
         "auto", description="json off a terminal, console on one, when auto"
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")
-    metrics_address: str = Field(
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], NEXT_START] = Field(
+        "info", description="lowest level logged"
+    )
+    metrics_address: Annotated[Address, NEXT_START] = Field(
         "",
         description="HOST:PORT serving /metrics, /healthz, /readyz and /status; empty: off",
         json_schema_extra={"metavar": "HOST:PORT"},
     )
-    cdi_dir: Path = Field(DEFAULT_CDI_DIR, description="where backends write CDI specs (devicehost.cdi)")
-    device_release: bool = Field(
+    cdi_dir: Annotated[Path, IN_PLACE] = Field(
+        DEFAULT_CDI_DIR, description="where backends write CDI specs (devicehost.cdi)"
+    )
+    device_release: Annotated[bool, NEXT_START] = Field(
         True,
         description="follow the kubelet's pod-resources API and call devicehost_release for devices "
         "no running container holds any more; off when false or while the socket is missing",
     )
-    pod_resources_socket: Path = Field(
+    pod_resources_socket: Annotated[Path, NEXT_START] = Field(
         DEFAULT_POD_RESOURCES_SOCKET,
         description="the kubelet's pod-resources socket (k0s, microk8s and custom kubelet roots differ)",
         json_schema_extra={"metavar": "PATH"},
     )
-    pod_resources_interval: PositiveFloat = Field(
+    pod_resources_interval: Annotated[PositiveFloat, NEXT_START] = Field(
         30.0,
         description="seconds between pod-resources looks when the kubelet's checkpoint file did not change",
     )
-    preferred_allocation: dict[str, Literal["numa-pack", "spread", "replica-spread", "none"]] = Field(
+    preferred_allocation: Annotated[
+        dict[str, Literal["numa-pack", "spread", "replica-spread", "none"]], NEXT_START
+    ] = Field(
         {},
         description="per resource name, the devicehost.policies policy that answers "
         "GetPreferredAllocation when its backend has no devicehost_preferred_allocation; none: no answer",
     )
 
-    serve_through: dict[str, Literal["device-plugin", "dra", "both"]] = Field(
+    serve_through: Annotated[dict[str, Literal["device-plugin", "dra", "both"]], NEXT_START] = Field(
         {},
         description="per backend or resource name (a resource's own entry wins), the kubelet API "
         "its resources are served through: device-plugin (extended resources), dra (Dynamic "
         "Resource Allocation: ResourceSlices and a DRA kubelet plugin) or both; unnamed: device-plugin",
     )
-    dra_drivers: dict[str, DriverName] = Field(
+    dra_drivers: Annotated[dict[str, DriverName], NEXT_START] = Field(
         {},
         description="per resource name served through DRA, its DRA driver name; unnamed: the "
         "resource's domain (example.com/widget -> example.com)",
     )
-    dra_plugins_dir: Path = Field(
+    dra_plugins_dir: Annotated[Path, NEXT_START] = Field(
         DEFAULT_DRA_PLUGINS_DIR,
         description="the kubelet's plugins dir: each DRA driver's socket goes in <dir>/<driver>/",
     )
-    node_name: str = Field(
+    node_name: Annotated[str, NEXT_START] = Field(
         "",
         description="this node's name, for the ResourceSlices DRA publishes (the DaemonSet sets it "
         "from spec.nodeName); needed when anything is served through dra",
     )
-    kubeconfig: Path | None = Field(
+    kubeconfig: Annotated[Path | None, NEXT_START] = Field(
         None,
         description="kubeconfig for the API server (DRA only); unset: in-cluster credentials in a "
         "pod, else $KUBECONFIG or ~/.kube/config",
@@ -166,21 +230,6 @@ class HostConfig(BaseModel):
         """``enabled_backends: example`` (or ``a, b``) means the list people meant."""
         return split_names(value) if isinstance(value, str) else value
 
-    @field_validator("socket_mode", mode="before")
-    @classmethod
-    def _octal_text(cls, value: object) -> object:
-        if isinstance(value, str):
-            try:
-                return int(value, 8)
-            except ValueError:
-                raise ValueError("must be octal permission bits such as '0600'") from None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0o777:
-            raise ValueError(
-                f"YAML read {value} as a decimal number, more than the permission bits 0o777 allow; "
-                f"write octal as a string ('0{value}') or with a 0o prefix (0o{value})"
-            )
-        return value
-
     @model_validator(mode="after")
     def _dra_needs_node(self) -> HostConfig:
         if not self.node_name and any(api != "device-plugin" for api in self.serve_through.values()):
@@ -190,23 +239,18 @@ class HostConfig(BaseModel):
             )
         return self
 
-    @field_serializer("socket_mode")
-    def _show_octal(self, value: int) -> str:
-        return f"0{value:o}"
 
-    @field_validator("metrics_address")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        if value:
-            check_address(value)
-        return value
+def on_reload(key: str) -> OnReload:
+    """How ``key`` of :class:`HostConfig` takes a reload; every field is marked (tests hold it)."""
+    marks = [m for m in HostConfig.model_fields[key].metadata if isinstance(m, OnReload)]
+    if len(marks) != 1:
+        raise LookupError(f"HostConfig.{key} must be marked IN_PLACE or NEXT_START, once")
+    return marks[0]
 
-    @field_validator("socket_mode")
-    @classmethod
-    def _mode_bits(cls, value: int) -> int:
-        if not 0 <= value <= 0o777:
-            raise ValueError("must be permission bits between 0o000 and 0o777")
-        return value
+
+def restart_only_keys() -> tuple[str, ...]:
+    """The settings a reload cannot change (marked :data:`NEXT_START`), in the model's order."""
+    return tuple(key for key in HostConfig.model_fields if on_reload(key) == NEXT_START)
 
 
 def check_address(value: str) -> None:
@@ -282,6 +326,8 @@ class Setting:
     metavar: str
     description: str
     default: object
+    on_reload: Literal["in place", "next start"] = "in place"
+    """What a reload does with it (the field's :class:`OnReload` mark)."""
 
     def parse(self, raw: str) -> Any:
         """The value of an environment variable or flag, in the form the model validates."""
@@ -345,6 +391,7 @@ def settings(model: type[BaseModel] | None = None) -> tuple[Setting, ...]:
                 metavar=str(extra.get("metavar", _metavar(key, field.annotation, shape))),
                 description=field.description or "",
                 default=field.default,
+                on_reload=on_reload(key).when if model is None or model is HostConfig else "in place",
             )
         )
     return tuple(found)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
-from devicehost import cdi
 from devicehost.hookspecs.types import Resource
 from devicehost.host import reconcile, reload
 from devicehost.host.backends.backend import Backend, HookError
@@ -25,11 +26,12 @@ from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.backends.loader import installed_backend_names
 from devicehost.host.config import ConfigError, HostConfig
 from devicehost.host.dra.drivers import DraDrivers
+from devicehost.host.peers import PeerWatch
 from devicehost.host.release import device_plugin_holds, tracker_for, with_holders
 from devicehost.host.serving.registration import Registration
 from devicehost.host.serving.resource import ResourceServer, Serving
 from devicehost.host.sockets import new_token
-from devicehost.host.state import HostState, KubeletState
+from devicehost.host.state import HostState, KubeletState, ReloadRefusal, ReloadState
 
 if TYPE_CHECKING:
     from devicehost.host.dra.cluster import Cluster
@@ -49,15 +51,17 @@ def _plan_one(
         (b.name, None) for b in backends if b is not backend
     ]
     plan = reconcile.plan([(backend.name, answer), *others], served)
-    for refusal in plan.refused:
-        where = {"backend": refusal.backend, "hook": "devicehost_discover", "resource": refusal.resource}
-        log.error("resource refused", **where, problem=refusal.problem)
+    if answer is not None:  # a failed discovery refused nothing new: the last refusals stand
+        refused = {r.resource: r.problem for r in plan.refused if r.backend == backend.name}
+        for resource, problem in backends.note_refused(backend.name, refused).items():  # once per change
+            where = {"backend": backend.name, "hook": "devicehost_discover", "resource": resource}
+            log.error("resource refused", **where, problem=problem)
     return plan
 
 
 def _apply_in_place(config: HostConfig, backends: BackendSet, servers: Iterable[ResourceServer]) -> None:
     """The settings a reload changes without touching any resource's socket or registration."""
-    cdi.set_default_dir(config.cdi_dir)
+    backends.set_cdi_dir(config.cdi_dir)
     backends.set_hook_timeout(config.hook_timeout)
     for server in servers:
         server.health_interval = config.health_interval
@@ -100,7 +104,8 @@ class Host:
         self._serving = Serving(
             registration, new_token(), config.socket_mode, self.request_rediscovery, observe, policies
         )
-        self._reload_config = reload_config
+        self.reload_config = reload_config
+        """Reads the configuration again (SIGHUP, a changed file); None: a reload keeps it."""
         self.release = tracker_for(config, lambda: self.resources)
         """Follows the kubelet's pod-resources API; None when ``device_release`` is off."""
         holds = device_plugin_holds(self.release)
@@ -112,6 +117,11 @@ class Host:
         """The state just before the stop withdrew everything, for the closing summary."""
         self._starting: dict[str, str] = {}
         """Resources whose start is under way, by name: their backend's name."""
+        self.reloads = ReloadState()
+        """Reloads applied and refused, for ``/status`` and the metrics."""
+        self.peers = PeerWatch(registration.directory, self.token, lambda: list(self.resources.values()))
+        self._policies_warned: set[str] = set()
+        """``preferred_allocation`` names already warned about as served by no backend."""
 
     @property
     def token(self) -> str:
@@ -140,7 +150,7 @@ class Host:
                 self._wake.clear()  # before the work: a request made during it wakes the wait below
                 if self._reload_requested:
                     self._reload_requested = False
-                    await self._reload()
+                    await _reload(self)
                 await self.reconcile()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.config.rediscover_interval):
@@ -153,6 +163,7 @@ class Host:
     async def shutdown(self) -> None:
         """Withdraw every resource (sockets removed, stop hooks called) and close the backends."""
         self.final_state = self.snapshot()
+        self.peers.close()
         await asyncio.gather(*(self._withdraw(name) for name in list(self.resources)), return_exceptions=True)
         await self.dra.close()
         self.backends.close()
@@ -170,6 +181,7 @@ class Host:
             discoveries=self.discoveries,
             device_release=self.release.status if self.release else "off",
             loop=self._loop_state,
+            reloads=self.reloads,
         )
 
     async def reconcile(self) -> None:
@@ -177,6 +189,8 @@ class Host:
         holds back no other backend's resources."""
         self.discoveries += 1
         await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
+        _warn_unserved_policies(self.config.preferred_allocation, self.resources, self._policies_warned)
+        self.peers.look()
 
     async def _reconcile_backend(self, backend: Backend) -> None:
         """Bring ``backend``'s served resources in line with its discovery (the others' are kept)."""
@@ -217,21 +231,47 @@ class Host:
             *(self._withdraw(n) for n, s in list(self.resources.items()) if s.backend is backend)
         )
 
-    async def _reload(self) -> None:
-        """Apply a new configuration; resources whose backend and settings stay keep everything."""
-        if self._reload_config is None:
-            return
-        try:
-            new = self._reload_config()
-        except ConfigError as exc:
-            log.error("new configuration refused, keeping the current one", error=str(exc))
-            return
-        await _apply_reload(self, new)
+
+def _warn_unserved_policies(policies: Iterable[str], served: Iterable[str], warned: set[str]) -> None:
+    """Once per name: ``preferred_allocation`` names a resource no backend serves (a typo, or
+    a resource its backend no longer offers), so no policy answers for it."""
+    unserved = sorted(set(policies) - set(served) - warned)
+    if unserved:
+        warned.update(unserved)
+        log.warning(
+            "preferred_allocation names resources no backend serves; their policy applies to nothing",
+            resources=unserved,
+            served=sorted(served),
+        )
 
 
-async def _apply_reload(host: Host, new: HostConfig) -> None:
+async def _reload(host: Host) -> None:
+    """Apply a new configuration; resources whose backend and settings stay keep everything."""
+    if host.reload_config is None:
+        return
+    try:
+        new = host.reload_config()
+    except ConfigError as exc:
+        log.error("new configuration refused, keeping the current one", error=str(exc))
+        host.reloads = _counted(host.reloads, [ReloadRefusal(time.time(), "configuration", str(exc))])
+        return
+    host.reloads = _counted(host.reloads, await _apply_reload(host, new))
+
+
+def _counted(reloads: ReloadState, refused: Sequence[ReloadRefusal]) -> ReloadState:
+    """``reloads`` with one more reload: applied, or refused (the refusals made one)."""
+    if not refused:
+        return dataclasses.replace(reloads, applied=reloads.applied + 1, latest_refused=False)
+    last = ReloadRefusal(refused[0].at, ", ".join(r.what for r in refused), "; ".join(r.why for r in refused))
+    return dataclasses.replace(reloads, refused=reloads.refused + 1, last_refused=last, latest_refused=True)
+
+
+async def _apply_reload(host: Host, new: HostConfig) -> list[ReloadRefusal]:
     """Apply ``new`` as :func:`devicehost.host.reload.plan` says: in place where it can, backends
-    disabled, loaded and reconfigured, the rest deferred to the next start (said once)."""
+    disabled, loaded and reconfigured, the rest deferred to the next start (said once).
+
+    :returns: the backends whose new settings were refused (they keep their previous ones).
+    """
     backends = host.backends
     installed = await asyncio.to_thread(installed_backend_names)
     plan = reload.plan(
@@ -239,11 +279,29 @@ async def _apply_reload(host: Host, new: HostConfig) -> None:
     )
     if plan.deferred:
         log.warning("these settings take effect at the next start", keys=list(plan.deferred))
+    old = host.config
     host.config = config = plan.config
     _apply_in_place(config, backends, host.resources.values())
     for name in plan.disable:
         await backends.disable(name, host.withdraw_backend)
     await backends.load(plan.load, config.backends, config.hook_timeout)
+    refused: list[ReloadRefusal] = []
     for name in plan.reconfigure:
-        await backends.reconfigure(name, config.backends.get(name, {}))
-    log.info("configuration reloaded", changed=list(plan.changed))
+        why = await backends.reconfigure(name, config.backends.get(name, {}))
+        if why is not None:
+            refused.append(ReloadRefusal(time.time(), f"backends.{name}", why))
+    if refused:  # those backends run their previous settings: so does the config the host reports
+        kept = dict(config.backends)
+        for name in (r.what.removeprefix("backends.") for r in refused):
+            if name in old.backends:
+                kept[name] = old.backends[name]
+            else:
+                kept.pop(name, None)
+        host.config = config = config.model_copy(update={"backends": kept})
+    changed = [key for key in plan.changed if getattr(old, key) != getattr(config, key)]
+    log.info(
+        "configuration reloaded",
+        changed=changed,
+        **({"refused": [r.what for r in refused]} if refused else {}),
+    )
+    return refused

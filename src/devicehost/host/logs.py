@@ -44,7 +44,13 @@ class _SafeWriteLogger(structlog.WriteLogger):
     fatal = failure = err = error = critical = exception = msg
 
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,  # not a config choice: commands that say it all themselves
+}
 
 
 _CHATTY = ("grpc", "asyncio")
@@ -58,6 +64,17 @@ _NATIVE_LEVELS = {
     "F": logging.CRITICAL,
 }
 _native_reader: threading.Thread | None = None
+
+
+def quiet_grpc_core() -> None:
+    """Ask gRPC C-core for errors only, unless the user set ``GRPC_VERBOSITY`` themselves.
+
+    C-core reads the variable once, when grpc is first imported: call this before anything
+    imports grpc (``devicehost``'s ``main`` does, first thing after parsing). Set later, C-core
+    keeps its own default and its INFO lines (``chttp2_transport.cc:1403] ... Got goaway`` at
+    every kubelet restart) reach the log.
+    """
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def grpc_debug_asked() -> bool:
@@ -117,7 +134,7 @@ def route_native_stderr() -> None:
     gRPC reads ``GRPC_VERBOSITY`` when it starts: unless the user set it, only errors are asked for.
     """
     global _native_reader
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    quiet_grpc_core()  # in time only if grpc is not imported yet; main() has done it before that
     if _native_reader is not None:
         return
     read_end, write_end = os.pipe()

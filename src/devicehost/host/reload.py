@@ -1,7 +1,7 @@
 """A new configuration against the running one: a pure plan of what a reload changes.
 
-Settings that name sockets, servers or the log renderer already in use wait for the next start
-(:data:`RESTART_KEYS`). Backends no longer enabled are withdrawn; newly enabled ones are loaded,
+Settings that name sockets, servers or the log renderer already in use wait for the next start:
+those the config model marks ``NEXT_START`` (:func:`~devicehost.host.config.restart_only_keys`). Backends no longer enabled are withdrawn; newly enabled ones are loaded,
 and so are failed ones whose settings changed; loaded ones whose settings changed are configured
 again.
 """
@@ -12,28 +12,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from devicehost.host.backends.loader import enabled_names
-from devicehost.host.config import HostConfig
-
-RESTART_KEYS = (
-    "device_plugins_dir",
-    "allow_symlinked_dirs",
-    "plugins_registry_dir",
-    "registration_mode",
-    "metrics_address",
-    "socket_mode",
-    "log_format",
-    "log_level",
-    "device_release",
-    "pod_resources_socket",
-    "pod_resources_interval",
-    "preferred_allocation",
-    "serve_through",
-    "dra_drivers",
-    "dra_plugins_dir",
-    "node_name",
-    "kubeconfig",
-)
-"""Settings a reload cannot change: the sockets, servers and log renderer already in use."""
+from devicehost.host.config import HostConfig, restart_only_keys
 
 
 @dataclass(frozen=True)
@@ -41,7 +20,7 @@ class ReloadPlan:
     """What applying a new configuration does."""
 
     config: HostConfig
-    """The configuration to run with: the new one, with the :data:`RESTART_KEYS` kept."""
+    """The configuration to run with: the new one, with the restart-only settings kept."""
     deferred: tuple[str, ...] = ()
     """Changed settings that take effect at the next start."""
     disable: tuple[str, ...] = ()
@@ -68,7 +47,9 @@ def plan(
     :param loaded: backends loaded and configured now.
     :param failed: backends that failed to load or whose settings were refused.
     """
-    deferred = {key: getattr(old, key) for key in RESTART_KEYS if getattr(old, key) != getattr(new, key)}
+    deferred = {
+        key: getattr(old, key) for key in restart_only_keys() if getattr(old, key) != getattr(new, key)
+    }
     config = new.model_copy(update=deferred) if deferred else new
     wanted = enabled_names(config.enabled_backends, config.disabled_backends, installed)
     before = enabled_names(old.enabled_backends, old.disabled_backends, installed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ async def run_simulated(
     failed_backends: Mapping[str, str] | None = None,
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
+    metrics_listener: socket.socket | None = None,
 ) -> None:
     """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM.
 
@@ -85,6 +87,7 @@ async def run_simulated(
                 config_file=config_file,
                 on_start=names.follow,
                 cluster=lambda: apiserver,
+                metrics_listener=metrics_listener,
             )
         finally:
             show.cancel()

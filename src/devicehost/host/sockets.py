@@ -89,6 +89,27 @@ def remove_own(path: Path, inode: int | None) -> None:
         path.unlink(missing_ok=True)
 
 
+def parse_socket_name(name: str) -> tuple[str, str] | None:
+    """``devicehost-<resource part>-<token>.sock`` -> (resource part, token); None for any other
+    name. Two hosts serving one resource in one dir have sockets with the same resource part."""
+    if not (name.startswith(PREFIX) and name.endswith(SUFFIX)):
+        return None
+    part, sep, token = name[len(PREFIX) : -len(SUFFIX)].rpartition("-")
+    if (
+        not sep
+        or not part
+        or len(token) != len(new_token())
+        or not all(c in "0123456789abcdef" for c in token)
+    ):
+        return None
+    return part, token
+
+
+def is_listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``path`` (a connect, then close)."""
+    return _is_listening(path)
+
+
 def _is_listening(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.2)
@@ -113,14 +134,11 @@ def remove_stale(directory: Path) -> list[str]:
     return removed
 
 
-_early_listeners: dict[str, socket.socket] = {}
-
-
-def listen_early(address: str) -> None:
-    """Bind and listen on ``BIND:PORT`` now, before the slow part of the start.
+def listen_early(address: str) -> socket.socket:
+    """A socket bound and listening on ``BIND:PORT`` now, before the slow part of the start.
 
     Probes that arrive before the probe server runs wait in the listen backlog instead of
-    being refused; the probe server takes the socket with :func:`take_early_listener`.
+    being refused; the caller hands the socket to the probe server (``metrics_listener``).
     Raises ``OSError`` (the port is taken) and ``ValueError`` (not ``BIND:PORT``).
     """
     bind, _, port = address.rpartition(":")
@@ -136,9 +154,4 @@ def listen_early(address: str) -> None:
         listener.close()
         raise
     listener.setblocking(False)
-    _early_listeners[address] = listener
-
-
-def take_early_listener(address: str) -> socket.socket | None:
-    """The socket :func:`listen_early` bound for ``address``, once; None when there is none."""
-    return _early_listeners.pop(address, None)
+    return listener

@@ -70,6 +70,8 @@ class ResourceState:
     """Registration tries that failed (refused, or the stream lost soon after), backed off."""
     dra: DraState | None = None
     """How the resource is served through DRA; None: through the device plugin API only."""
+    superseded_by: str = ""
+    """Another host's socket registered for this resource after ours (then not ``registered``)."""
 
     @property
     def device_count(self) -> int:
@@ -96,6 +98,35 @@ class BackendState:
     """Hooks running past the hook timeout."""
     hook_failures: Mapping[str, int] = field(default_factory=dict)
     """Hook calls that raised, hung or answered wrongly, by hook name."""
+    discovery_error: str = ""
+    """Why its last discovery failed; empty when it answered (its resources are then its own)."""
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """Resources its last discovery offered that the host refused: the problem (the rule), by name."""
+
+
+@dataclass(frozen=True)
+class ReloadRefusal:
+    """One reload refused, in whole (``what``: ``configuration``) or for one backend's settings."""
+
+    at: float
+    """When, in seconds since the epoch."""
+    what: str
+    """``configuration`` (the file was refused, the running one stays) or ``backends.<name>``
+    (that backend's new settings were refused, it keeps its previous ones)."""
+    why: str
+
+
+@dataclass(frozen=True)
+class ReloadState:
+    """Reloads so far (SIGHUP, or a changed config file)."""
+
+    applied: int = 0
+    """Reloads applied with nothing refused."""
+    refused: int = 0
+    """Reloads refused in whole or in part."""
+    last_refused: ReloadRefusal | None = None
+    latest_refused: bool = False
+    """The latest reload was refused, in whole or in part (the running config is not the file's)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +143,9 @@ class HostState:
 
     **live** judges the host alone: its loop runs (and, since a probe answered, the event loop
     is not blocked). No backend, hung or raising, can make it false. **ready** judges
-    everything the node relies on: discovery has run, no backend failed or has a hook stuck,
-    and every served resource is registered and streaming; :attr:`problems` says what is not.
+    everything the node relies on: discovery has run, no backend failed, failed its last
+    discovery or has a hook stuck, and every served resource is registered and streaming (and
+    not superseded by another host); :attr:`problems` says what is not.
     """
 
     kubelet: KubeletState
@@ -125,6 +157,9 @@ class HostState:
     """Device release: ``on``, ``off`` (turned off) or why it is paused (socket missing, ...)."""
     loop: str = "running"
     """The host's loop: ``starting`` (not yet running), ``running`` or ``ended``."""
+    reloads: ReloadState = ReloadState()
+    """Reloads applied and refused; a refused one does not make the host unready (it serves
+    the configuration it runs), but ``/status`` and the metrics show it."""
 
     @property
     def waiting(self) -> tuple[str, ...]:
@@ -142,12 +177,22 @@ class HostState:
         for backend in self.backends:
             if not backend.loaded:
                 lines.append(f"backend {backend.name}: not loaded: {backend.reason}")
-            elif backend.stuck_hooks:
+                continue
+            if backend.discovery_error:
+                lines.append(f"backend {backend.name}: discovery failed: {backend.discovery_error}")
+            lines += [
+                f"backend {backend.name}: resource {name!r} refused: {problem}"
+                for name, problem in sorted(backend.refused.items())
+            ]
+            if backend.stuck_hooks:
                 lines.append(
                     f"backend {backend.name}: {', '.join(backend.stuck_hooks)} stuck past the hook timeout"
                 )
         lines += [
-            f"resource {r.name} (backend {r.backend}): not registered and streaming"
+            f"resource {r.name} (backend {r.backend}): superseded: another host's socket "
+            f"{r.superseded_by} registered it later"
+            if r.superseded_by
+            else f"resource {r.name} (backend {r.backend}): not registered and streaming"
             for r in self.resources
             if not r.registered
         ]

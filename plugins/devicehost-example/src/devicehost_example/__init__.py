@@ -32,7 +32,9 @@ def _resources_from_env(text: str) -> dict[str, int]:
 
 
 def _widget_ids(resource: str, count: int) -> list[str]:
-    return [f"{resource.split('/')[1]}-{n}" for n in range(count)]
+    """``<short name>-<n>``; a name without a domain (which the host refuses, naming the rule)
+    must not make discovery raise and take every other resource down with it."""
+    return [f"{resource.rpartition('/')[2]}-{n}" for n in range(count)]
 
 
 def _cdi_spec(resource: str, count: int) -> cdi.Spec:
@@ -161,7 +163,7 @@ class ExampleBackend:
 
     @devicehost.hookimpl
     def devicehost_allocate(self, resource: str, device_ids: tuple[str, ...]) -> ContainerAllocation:
-        short = resource.split("/")[1]
+        short = resource.rpartition("/")[2]
         envs = {f"EXAMPLE_{short.upper().replace('-', '_').replace('.', '_')}S": ",".join(device_ids)}
         with self._lock:
             unknown = set(device_ids) - set(_widget_ids(resource, self._resources.get(resource, 0)))

@@ -9,14 +9,18 @@ other backends keep their threads.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pluggy
+import structlog
 from pydantic import BaseModel, ValidationError
 
+from devicehost import cdi
 from devicehost.hookspecs import REQUIRED_HOOKS, rules, spec
 from devicehost.hookspecs.types import (
     ClaimRequest,
@@ -29,6 +33,8 @@ from devicehost.hookspecs.types import (
 )
 from devicehost.host.backends.threads import Closed, Expired, HookThreads, NoThread
 from devicehost.host.config import describe_errors, model_keys, unknown_key
+
+log = structlog.get_logger(__name__)
 
 
 class HookError(Exception):
@@ -164,10 +170,13 @@ def validated(
 class Backend:
     """A backend ready to call: ``await backend.allocate(...)`` and friends."""
 
-    def __init__(self, name: str, plugin: object, hook_timeout: float) -> None:
+    def __init__(self, name: str, plugin: object, hook_timeout: float, cdi_dir: Path | None = None) -> None:
         impls = _checked_implementations(plugin)
         self.name = name
         self.hook_timeout = hook_timeout
+        self.cdi_dir = cdi_dir
+        """The host's ``cdi_dir``: ``devicehost.cdi``'s default dir inside this backend's hook
+        calls (each runs in a context of its own); None: whatever the process set."""
         self.distribution: str | None = None
         """The distribution that installed the backend, and its version (set by the loader)."""
         self.version: str | None = None
@@ -232,8 +241,11 @@ class Backend:
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
         """Run one hook in the backend's threads, bounded by the hook timeout (waiting for a thread included)."""
+        caller = getattr(self._pm.hook, hook)
+        if self.cdi_dir is not None:
+            caller = functools.partial(cdi._call_in_dir, self.cdi_dir, caller)
         try:
-            return await self._threads.call(hook, getattr(self._pm.hook, hook), kwargs, self.hook_timeout)
+            return await self._threads.call(hook, caller, kwargs, self.hook_timeout)
         except NoThread as exc:
             self.failures[hook] += 1
             raise BackendBusy(self.name, hook, str(exc)) from None
@@ -244,6 +256,9 @@ class Backend:
             raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None
         except Exception as exc:
             self.failures[hook] += 1
+            # Where the hook raised, for whoever debugs the backend: the error lines callers log
+            # carry the exception's one-line text only (and a debug line below the level is free).
+            log.debug("hook raised", backend=self.name, hook=hook, exc_info=exc)
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
 
     def refuse(self, hook: str, problem: str) -> AnswerRefused:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -39,11 +40,20 @@ async def refused_settings(backends: Sequence[Backend], settings: Settings) -> d
 class BackendSet:
     """Backends by name; one whose settings are refused moves to :attr:`failed`."""
 
-    def __init__(self, loaded: Sequence[Backend], failed: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, loaded: Sequence[Backend], failed: Mapping[str, str] | None = None, cdi_dir: Path | None = None
+    ) -> None:
         self.loaded = {b.name: b for b in loaded}
+        self.cdi_dir = cdi_dir
+        """The host's ``cdi_dir``, handed to every backend's hook calls (:attr:`Backend.cdi_dir`)."""
+        self.set_cdi_dir(cdi_dir)
         self.failed: dict[str, str] = dict(failed or {})
         """Backends that did not load or whose settings were refused, with the reason."""
         self._announced: weakref.WeakSet[Backend] = weakref.WeakSet()
+        self.discovery_errors: dict[str, str] = {}
+        """Loaded backends whose last discovery failed, with the error (cleared by a success)."""
+        self.refused: dict[str, dict[str, str]] = {}
+        """Resources the host refused at each backend's last discovery: the problem, by name."""
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(list(self.loaded.values()))
@@ -67,14 +77,19 @@ class BackendSet:
                 resources=sorted(r.name for r in answer or ()),
             )
 
-    async def reconfigure(self, name: str, settings: Mapping[str, Any]) -> None:
-        """New settings for a loaded backend; one that refuses them keeps its previous ones."""
+    async def reconfigure(self, name: str, settings: Mapping[str, Any]) -> str | None:
+        """New settings for a loaded backend; one that refuses them keeps its previous ones.
+
+        :returns: why they were refused; None when they were taken.
+        """
         try:
             await self.loaded[name].configure(settings)
         except HookError as exc:
             log.error(
                 "new settings refused, the backend keeps its previous ones", backend=name, error=str(exc)
             )
+            return str(exc)
+        return None
 
     async def load(self, names: Sequence[str], settings: Settings, hook_timeout: float) -> None:
         """Load and configure more backends (in a thread: imports can be slow); none named, none loaded."""
@@ -85,6 +100,7 @@ class BackendSet:
                 self.failed[status.name] = status.error or "failed to load"
                 continue
             self.failed.pop(status.name, None)
+            status.backend.cdi_dir = self.cdi_dir
             if await self._configure(status.backend, settings.get(status.name, {})):
                 self.loaded[status.name] = status.backend
                 log.info("backend enabled", backend=status.name)
@@ -94,9 +110,22 @@ class BackendSet:
     async def disable(self, name: str, withdraw: Callable[[Backend], Awaitable[None]]) -> None:
         """Take out a backend that is no longer enabled, ``withdraw`` its resources, and close it."""
         backend = self.loaded.pop(name)
+        self.discovery_errors.pop(name, None)
+        self.refused.pop(name, None)
         await withdraw(backend)
         backend.close()
         log.info("backend disabled", backend=name)
+
+    def note_refused(self, name: str, refused: Mapping[str, str]) -> dict[str, str]:
+        """Record the resources refused at ``name``'s discovery; those refused anew (to log)."""
+        before = self.refused.get(name, {})
+        self.refused[name] = dict(refused)
+        return {resource: problem for resource, problem in refused.items() if before.get(resource) != problem}
+
+    def set_cdi_dir(self, directory: Path | None) -> None:
+        self.cdi_dir = directory
+        for backend in self:
+            backend.cdi_dir = directory
 
     def set_hook_timeout(self, seconds: float) -> None:
         for backend in self:
@@ -108,7 +137,14 @@ class BackendSet:
 
     def states(self) -> tuple[BackendState, ...]:
         loaded = tuple(
-            BackendState(b.name, True, stuck_hooks=tuple(b.stuck_hooks()), hook_failures=dict(b.failures))
+            BackendState(
+                b.name,
+                True,
+                stuck_hooks=tuple(b.stuck_hooks()),
+                hook_failures=dict(b.failures),
+                discovery_error=self.discovery_errors.get(b.name, ""),
+                refused=dict(self.refused.get(b.name, {})),
+            )
             for b in self
         )
         return loaded + tuple(BackendState(name, False, reason) for name, reason in self.failed.items())
@@ -118,12 +154,17 @@ class BackendSet:
         try:
             answer = await backend.discover()
         except HookError as exc:
-            log.error(
-                "discovery failed, keeping this backend's resources as they are",
-                backend=backend.name,
-                error=str(exc),
-            )
+            if self.discovery_errors.get(backend.name) != str(exc):  # once per change, not per round
+                log.error(
+                    "discovery failed, keeping this backend's resources as they are",
+                    backend=backend.name,
+                    error=str(exc),
+                )
+            self.discovery_errors[backend.name] = str(exc)
             answer = None
+        else:
+            if self.discovery_errors.pop(backend.name, None) is not None:
+                log.info("discovery works again", backend=backend.name)
         self._announce(backend, answer)
         return answer
 

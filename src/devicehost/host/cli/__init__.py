@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, build the configuration, run the command; its exit status (2 for usage errors)."""
     args = parse(argv)
+    from devicehost.host.logs import quiet_grpc_core
+
+    quiet_grpc_core()  # before any command imports grpc: C-core reads it only then
     from devicehost.host.config import ConfigError
 
     load_config: ConfigLoader = args.load_config

@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from devicehost.host.cli.common import (
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     CommandFailed,
     add_config_options,
+    dry_run_problems,
     load_backend_statuses,
     set_handler,
-    settings_problems,
 )
 
 if TYPE_CHECKING:
@@ -40,11 +41,12 @@ def config_from_file_only(args: argparse.Namespace) -> HostConfig:
 
 
 def check_command(args: argparse.Namespace, config: HostConfig) -> int:
-    """What ``run`` would refuse: unknown backend names, and each enabled backend's settings.
+    """What ``run`` would refuse or not serve, serving nothing.
 
-    ``main`` has reported unknown keys and wrong types before any handler runs. Each enabled
-    backend checks its own settings in a dry run (its settings model, then its configure hook);
-    nothing is served.
+    ``main`` has reported unknown keys and wrong types before any handler runs. Then: unknown
+    backend names (exit 2); an enabled backend that fails to load (exit 1, as ``run`` exits
+    when none loads); and for every loaded one a dry run of its settings (its settings model,
+    its configure hook) and of its discovery, planned as ``run`` plans it (exit 2).
     """
     import sys
 
@@ -55,15 +57,25 @@ def check_command(args: argparse.Namespace, config: HostConfig) -> int:
         check_names(config)
     except UnknownBackendError as exc:
         raise CommandFailed(f"{args.file}: {exc}", EXIT_USAGE) from exc
-    configure_logging("error", config.log_format, sys.stderr)
-    backends = [s.backend for s in load_backend_statuses(config) if s.backend is not None]
+    configure_logging("critical", config.log_format, sys.stderr)  # a load failure is said below, once
+    statuses = load_backend_statuses(config)
+    configure_logging("error", config.log_format, sys.stderr)  # what backends log in the dry run
+    backends = [s.backend for s in statuses if s.backend is not None]
+    unloaded = [
+        s for s in statuses if s.error is not None and (s.name in config.enabled_backends or not backends)
+    ]
+    if unloaded:
+        for backend in backends:
+            backend.close()
+        lines = [f"backend {s.name}: failed to load: {s.error}" for s in unloaded]
+        raise CommandFailed(f"{args.file}: `run` would not serve:\n  " + "\n  ".join(lines), EXIT_FAILED)
     try:
-        refused = settings_problems(backends, config)
+        refused = dry_run_problems(backends, config)
     finally:
         for backend in backends:
             backend.close()
     if refused:
-        raise CommandFailed(f"{args.file}: backend settings refused:\n  " + "\n  ".join(refused), EXIT_USAGE)
+        raise CommandFailed(f"{args.file}: `run` would not serve:\n  " + "\n  ".join(refused), EXIT_USAGE)
     print(f"{args.file}: valid")
     return EXIT_OK
 

@@ -25,6 +25,8 @@ from devicehost.host.cli.common import (
 )
 
 if TYPE_CHECKING:
+    import socket
+
     from devicehost.host.cli.common import Commands
     from devicehost.host.config import HostConfig
 
@@ -50,7 +52,7 @@ SIMULATED_DIR = (
 
 def run_command(args: argparse.Namespace, config: HostConfig) -> int:
     """Load the backends, check their settings and the socket dirs, serve until a signal, then leave."""
-    listen_for_probes(config)  # first: probes wait in the backlog instead of being refused
+    listener = listen_for_probes(config)  # first: probes wait in the backlog instead of being refused
     from devicehost.host import app
     from devicehost.host.logs import configure_logging
 
@@ -78,27 +80,32 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
                 failed_backends=failed,
                 reload_config=functools.partial(checked_config, args),
                 config_file=config_file_of(args),
+                metrics_listener=listener,
             )
         )
     except OSError as exc:  # a metrics address in use, a dir that went away: one line, no traceback
         raise CommandFailed(f"cannot start: {exc}", EXIT_FAILED) from exc
 
 
-def listen_for_probes(config: HostConfig) -> None:
+def listen_for_probes(config: HostConfig) -> socket.socket | None:
     """Listen on ``metrics_address`` before the slow imports and the backends' loading.
 
-    :raises CommandFailed: one line, when the address is taken or malformed.
+    :raises CommandFailed: one line: exit 1 when the address is taken (the README's "the host could
+        not start"), 2 when it is malformed.
     """
     from devicehost.host.sockets import listen_early
 
     if not config.metrics_address:
-        return
+        return None
     try:
-        listen_early(config.metrics_address)
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return listen_early(config.metrics_address)
+    except OSError as exc:  # taken now, free later: the host could not start (the config is fine)
         raise CommandFailed(
-            f"cannot listen on metrics address {config.metrics_address}: {reason}", EXIT_USAGE
+            f"cannot listen on metrics address {config.metrics_address}: {exc.strerror or exc}", EXIT_FAILED
+        ) from exc
+    except ValueError as exc:  # not BIND:PORT: bad configuration
+        raise CommandFailed(
+            f"cannot listen on metrics address {config.metrics_address}: {exc}", EXIT_USAGE
         ) from exc
 
 

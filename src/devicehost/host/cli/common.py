@@ -131,6 +131,41 @@ def settings_problems(backends: Sequence[Backend], config: HostConfig) -> list[s
     return [line for problems in refused.values() for line in problems.splitlines()]
 
 
+def dry_run_problems(backends: Sequence[Backend], config: HostConfig) -> list[str]:
+    """What ``run`` would not serve of ``backends``, serving nothing: one line per problem.
+
+    Each backend's settings are checked (its model, then its configure hook), then its
+    discovery runs once and its answer is planned as ``run`` plans it: a discovery that raises
+    or answers wrongly, and each resource the host would refuse (its name, its devices), is a
+    problem naming the backend. A backend that offers no resource on this machine is not one
+    (a node without the hardware serves nothing, and says so in ``/readyz``).
+    """
+    import asyncio
+
+    from devicehost.host.backends.backend import HookError
+    from devicehost.host.backends.backend_set import refused_settings
+    from devicehost.host.reconcile import plan
+
+    async def check() -> list[str]:
+        for backend in backends:
+            backend.cdi_dir = config.cdi_dir  # as the host hands it over
+        refused = await refused_settings(backends, config.backends)
+        problems = [line for lines in refused.values() for line in lines.splitlines()]
+        offered: list[tuple[str, Any]] = []
+        for backend in (b for b in backends if b.name not in refused):
+            try:
+                offered.append((backend.name, await backend.discover()))
+            except HookError as exc:
+                problems.append(f"backends.{backend.name}: discovery failed, nothing would be served: {exc}")
+        problems += [
+            f"backends.{r.backend}: resource {r.resource!r} would not be served: {r.problem}"
+            for r in plan(offered, {}).refused
+        ]
+        return problems
+
+    return asyncio.run(check())
+
+
 def config_file_of(args: argparse.Namespace) -> Path | None:
     """The config file a running host follows: ``--config``, else $DEVICEHOST_CONFIG."""
     from devicehost.host.config import chosen_config_file

@@ -137,6 +137,20 @@ _BACKEND_FAMILIES: tuple[_Family[BackendState], ...] = (
     ),
     _Family(
         GaugeMetricFamily,
+        "devicehost_backend_discovery_failing",
+        "1 while the backend's last discovery failed (its served resources are kept as they were)",
+        (),
+        lambda b: [((), 1 if b.discovery_error else 0)] if b.loaded else [],
+    ),
+    _Family(
+        GaugeMetricFamily,
+        "devicehost_resources_refused",
+        "Resources the backend's last discovery offered that the host refused (a rule broken)",
+        (),
+        lambda b: [((), len(b.refused))] if b.loaded else [],
+    ),
+    _Family(
+        GaugeMetricFamily,
         "devicehost_hooks_stuck",
         "Hook calls running past the hook timeout",
         (),
@@ -158,6 +172,10 @@ def _families(
         yield metric
 
 
+RELOADS_HELP = "Reloads of the configuration, by outcome (refused: in whole or in part)"
+RELOAD_REFUSED_HELP = "1 when the latest reload was refused in whole or in part (see /status)"
+
+
 class _StateCollector(Collector):
     """Turns one snapshot per scrape into the state's metric families."""
 
@@ -170,6 +188,8 @@ class _StateCollector(Collector):
         yield from (family.empty(_BACKEND_LABELS) for family in _BACKEND_FAMILIES)
         yield GaugeMetricFamily("devicehost_ready", "1 when the host is ready (as /readyz)")
         yield GaugeMetricFamily("devicehost_live", "1 when the host is live (as /healthz)")
+        yield CounterMetricFamily("devicehost_reloads", RELOADS_HELP, labels=["outcome"])
+        yield GaugeMetricFamily("devicehost_reload_refused", RELOAD_REFUSED_HELP)
 
     def collect(self) -> Iterator[Metric]:
         state = self._snapshot()
@@ -183,6 +203,13 @@ class _StateCollector(Collector):
         )
         yield GaugeMetricFamily(
             "devicehost_live", "1 when the host is live (as /healthz)", 1 if state.live else 0
+        )
+        reloads = CounterMetricFamily("devicehost_reloads", RELOADS_HELP, labels=["outcome"])
+        reloads.add_metric(["applied"], state.reloads.applied)
+        reloads.add_metric(["refused"], state.reloads.refused)
+        yield reloads
+        yield GaugeMetricFamily(
+            "devicehost_reload_refused", RELOAD_REFUSED_HELP, 1 if state.reloads.latest_refused else 0
         )
 
 

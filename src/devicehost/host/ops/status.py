@@ -6,6 +6,7 @@ only the document, fetched over HTTP from a running host.
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import urllib.error
@@ -13,7 +14,7 @@ import urllib.request
 from dataclasses import asdict
 from typing import Any
 
-from devicehost.host.state import HostState, ResourceState
+from devicehost.host.state import HostState, ReloadState, ResourceState
 
 
 def _resource(state: ResourceState) -> dict[str, Any]:
@@ -30,7 +31,24 @@ def _resource(state: ResourceState) -> dict[str, Any]:
         "releases": state.releases,
         "releasing": list(state.releasing),
         "failed_tries": state.failed_tries,
+        **({"superseded_by": state.superseded_by} if state.superseded_by else {}),
         **({"dra": asdict(state.dra)} if state.dra is not None else {}),
+    }
+
+
+def _reloads(reloads: ReloadState) -> dict[str, Any]:
+    last = reloads.last_refused
+    return {
+        "applied": reloads.applied,
+        "refused": reloads.refused,
+        "latest_refused": reloads.latest_refused,
+        "last_refused": None
+        if last is None
+        else {
+            "at": datetime.datetime.fromtimestamp(last.at, datetime.UTC).isoformat(timespec="seconds"),
+            "what": last.what,
+            "why": last.why,
+        },
     }
 
 
@@ -41,11 +59,20 @@ def document(state: HostState) -> dict[str, Any]:
     return {
         "kubelet": {"socket": state.kubelet.socket, "present": state.kubelet.present},
         "backends": {
-            **{b.name: {"status": "loaded", "stuck_hooks": list(b.stuck_hooks)} for b in loaded},
+            **{
+                b.name: {
+                    "status": "loaded",
+                    "stuck_hooks": list(b.stuck_hooks),
+                    **({"discovery_error": b.discovery_error} if b.discovery_error else {}),
+                    **({"refused": dict(sorted(b.refused.items()))} if b.refused else {}),
+                }
+                for b in loaded
+            },
             **{b.name: {"status": "failed", "reason": b.reason} for b in failed},
         },
         "resources": {r.name: _resource(r) for r in sorted(state.resources, key=lambda r: r.name)},
         "device_release": state.device_release,
+        "reloads": _reloads(state.reloads),
         "ready": state.ready,
         "live": state.live,
         "problems": list(state.problems),
@@ -72,7 +99,11 @@ def print_status(address: str) -> int:
         print(f"  not ready: {problem}")
     print("backends:")
     for name, info in state["backends"].items():
-        detail = info.get("reason") or ", ".join(info.get("stuck_hooks", [])) or ""
+        detail = (
+            info.get("reason")
+            or (f"discovery failed: {info['discovery_error']}" if info.get("discovery_error") else "")
+            or ", ".join(info.get("stuck_hooks", []))
+        )
         print(f"  {name:<16} {info['status']}{'  ' + detail if detail else ''}")
     print("resources:")
     for name, r in state["resources"].items():
@@ -84,4 +115,9 @@ def print_status(address: str) -> int:
         for device, holder in r.get("holders", {}).items():
             print(f"    {device:<38} held by {holder}")
     print(f"device release: {state.get('device_release', 'off')}")
+    reloads = state.get("reloads", {})
+    last = reloads.get("last_refused")
+    if last:
+        now = "the latest reload" if reloads.get("latest_refused") else "an earlier reload"
+        print(f"reload refused ({now}): {last['what']} at {last['at']}: {last['why']}")
     return 0

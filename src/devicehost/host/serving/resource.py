@@ -90,6 +90,7 @@ class ResourceServer:
         )
         self._server: grpc.aio.Server | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self.superseded_by = ""  # another host's newer registration of it (``host/peers.py``)
 
     @property
     def options(self) -> api_pb2.DevicePluginOptions:
@@ -130,7 +131,8 @@ class ResourceServer:
             name=self.name,
             backend=self.backend.name,
             socket=str(self.socket.path) if self.device_plugin else "",
-            registered=self.registrar.registered,
+            registered=self.registrar.registered and not self.superseded_by,
+            superseded_by=self.superseded_by,
             streams=self.streams.count,
             devices={h.value: sum(d.health is h for d in devices) for h in Health},
             registrations=dict(self.registrar.stats.reasons),

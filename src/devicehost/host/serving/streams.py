@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 
 from devicehost.host.serving.table import DeviceTable
@@ -37,6 +38,9 @@ class StreamSet:
         self._streams: set[Stream] = set()
         self.epoch = 0
         """The current registration epoch: streams opened from now on belong to it."""
+        self.epoch_started: float | None = None
+        """When the current epoch began (a registration went out), seconds since the epoch;
+        None before the first. Compared with other hosts' socket files (their creation time)."""
 
     @property
     def count(self) -> int:
@@ -45,6 +49,7 @@ class StreamSet:
     def new_epoch(self) -> None:
         """Begin a new registration: streams of earlier ones no longer count as lost."""
         self.epoch += 1
+        self.epoch_started = time.time()
 
     @contextlib.contextmanager
     def open(self) -> Iterator[Stream]:
