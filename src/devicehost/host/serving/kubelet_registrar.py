@@ -114,6 +114,8 @@ class KubeletRegistrar(RegistrarLoop):
                         continue  # the wait was cut short by a change: look again
             if self._lost_soon is not None:
                 reason = "stream lost" if self._lost_soon.generation == generation else "kubelet restarted"
+            elif reason == "socket removed" and self._streamed_generation not in (None, generation):
+                reason = "kubelet restarted"  # the restarted kubelet cleaned the dir
             try:
                 await self._register(generation, reason)
             except RegisterError as exc:
