@@ -590,3 +590,26 @@ async def test_a_register_failed_against_a_replaced_kubelet_sock_is_retried_at_o
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
     assert registrar.stats.failed_tries == 0
     assert len(client.calls) == 2
+
+
+async def test_a_socket_removed_while_kubelet_sock_is_absent_is_served_again_before_it_returns(
+    registrar: KubeletRegistrar, endpoint: FakeEndpoint, client: FakeRegisterClient, watch: FakeSocketWatch
+) -> None:
+    """A starting kubelet cleans the dir, then listens: serving again at once, not after the new
+    kubelet.sock appears, takes the new socket off the restart's critical path."""
+    registrar.start()
+    await eventually(lambda: registrar.registered)
+    watch.vanish()
+    await eventually(lambda: watch.waiting == 1, what="waiting for kubelet.sock")
+
+    endpoint.socket.is_gone = True
+    watch.refresh(endpoint.socket.name)
+    await eventually(
+        lambda: endpoint.serve_again_calls == 1, what="served again while kubelet.sock is absent"
+    )
+    await eventually(lambda: watch.waiting == 1, what="waiting for kubelet.sock again")
+    assert len(client.calls) == 1
+
+    watch.appear()
+    await eventually(lambda: len(client.succeeded) == 2 and registrar.registered)
+    assert endpoint.timeline == ["register", "serve_again", "register"]

@@ -42,7 +42,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.use_local_subchannel_pool", 1),
 ]
 PROBE_INITIAL = 0.001
-"""Seconds before connecting again to a ``kubelet.sock`` that refused, doubling up to ``PROBE_MAX``."""
+"""Seconds before connecting again to a ``kubelet.sock`` that refused, growing by half each time
+up to ``PROBE_MAX`` (a starting kubelet listens within milliseconds: doubling overshoots that)."""
 PROBE_MAX = 0.1
 LISTEN_WAIT = 0.5
 """Seconds a Register waits for a refusing ``kubelet.sock`` to listen (within its timeout) before it
@@ -65,6 +66,11 @@ class _Socket:
     replaced: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the socket watch sees a newer ``kubelet.sock``."""
     refusal_logged: bool = False
+    probing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    probes: int = 0
+    """Probes ended (made the channel, or gave up)."""
+    refused: RegisterError | None = None
+    """Why the last probe gave up."""
 
     @property
     def address(self) -> str:
@@ -113,15 +119,33 @@ class KubeletClient:
         return self._current
 
     async def _channel(self, sock: _Socket, deadline: float) -> grpc.aio.Channel:
-        """``sock``'s channel, made once ``sock`` accepts connections (waiting for it to listen)."""
+        """``sock``'s channel, made once ``sock`` accepts connections (waiting for it to listen).
+
+        One Register at a time probes (100 resources after a restart are one probe, not 100);
+        the others find the channel made, or probe in turn if that one gave up.
+        """
+        if sock.channel is not None:
+            return sock.channel
+        probes = sock.probes
+        async with sock.probing:
+            if sock.channel is None and sock.probes != probes and sock.refused is not None:
+                raise RegisterError(str(sock.refused))  # the probe we waited for gave up: so do we, for now
+            try:
+                return await self._probe(sock, deadline)
+            except RegisterError as exc:
+                sock.refused = exc
+                raise
+            finally:
+                sock.probes += 1
+
+    async def _probe(self, sock: _Socket, deadline: float) -> grpc.aio.Channel:
         loop = asyncio.get_running_loop()
         started = loop.time()
         give_up = min(deadline, started + LISTEN_WAIT)
         delay = PROBE_INITIAL
         while sock.channel is None:
             if _accepts(sock.address):
-                if sock.channel is None:  # another Register may have made it meanwhile
-                    sock.channel = grpc.aio.insecure_channel(f"unix:{sock.address}", options=_CHANNEL_OPTIONS)
+                sock.channel = grpc.aio.insecure_channel(f"unix:{sock.address}", options=_CHANNEL_OPTIONS)
                 break
             if not sock.refusal_logged:  # once per kubelet.sock, not per try or per resource
                 sock.refusal_logged = True
@@ -137,7 +161,7 @@ class KubeletClient:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(delay, remaining)):
                     await sock.replaced.wait()
-            delay = min(2 * delay, PROBE_MAX)
+            delay = min(1.5 * delay, PROBE_MAX)
         return sock.channel
 
     def _retire(self, grace: float | None = None) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -59,6 +61,8 @@ class KubeletRegistrar(RegistrarLoop):
         self._registered_at = 0.0
         self._lost_soon: _LostSoon | None = None
         """A stream the kubelet ended soon after its registration, not yet told in the log."""
+        self._socket_gone = asyncio.Event()
+        """Set when the dir watch finds our socket file gone."""
 
     @property
     def registered(self) -> bool:
@@ -74,7 +78,10 @@ class KubeletRegistrar(RegistrarLoop):
     def _on_dir_change(self, changed: str | None) -> None:
         # A failed Register waits out its backoff unless kubelet.sock or our socket changed:
         # any other file in the dir (the kubelet's checkpoint, other plugins) is no reason to retry.
-        if self._watch.generation != self._tried_generation or self._own_socket_gone(changed):
+        gone = self._own_socket_gone(changed)
+        if gone:
+            self._socket_gone.set()
+        if gone or self._watch.generation != self._tried_generation:
             self._wake.set()
 
     def _own_socket_gone(self, changed: str | None) -> bool:
@@ -83,6 +90,7 @@ class KubeletRegistrar(RegistrarLoop):
     async def _run(self) -> None:
         log = self._endpoint.log
         reason = "start"
+        waiting_in: int | None = None
         self._backoff = Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
         while True:
             self._wake.clear()
@@ -96,9 +104,16 @@ class KubeletRegistrar(RegistrarLoop):
                 self._backoff.reset()  # a new kubelet.sock: start again from the shortest delay
                 self._backoff_generation = generation
             if self._watch.inode is None:
-                log.info("waiting for the kubelet", socket=str(self._watch.kubelet_socket))
-                await self._watch.wait_present()
-                reason = "kubelet appeared"
+                if waiting_in != generation:  # once per absence, not again after serving again
+                    log.info("waiting for the kubelet", socket=str(self._watch.kubelet_socket))
+                    waiting_in = generation
+                # our socket removed meanwhile (a starting kubelet cleans the dir just before it
+                # listens) wakes us too: serve it again now, not after the new kubelet.sock
+                self._socket_gone.clear()
+                if not self._endpoint.socket.gone():
+                    await _first(self._watch.wait_present(), self._socket_gone.wait())
+                if self._watch.inode is not None:
+                    reason = "kubelet appeared"
                 continue
             if generation == self._registered_generation and not self._stream_lost:
                 await self._wake.wait()
@@ -188,6 +203,17 @@ class KubeletRegistrar(RegistrarLoop):
                 took_ms=round((self.stats.last_seconds or 0) * 1000, 2),
                 failed_tries=self._backoff.failures,
             )
+
+
+async def _first(*waits: Coroutine[Any, Any, object]) -> None:
+    """Wait until the first of ``waits`` ends; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(frozen=True)
