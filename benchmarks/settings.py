@@ -22,6 +22,8 @@ class Settings:
     scale_allocations: int
     restart_counts: tuple[tuple[int, int], ...]
     """(resources, restarts) pairs."""
+    restart_loaded: tuple[int, int]
+    """(resources, restarts) while another process keeps a core busy (issue 26)."""
     kubelet_restarts: int
     """Restarts of the real kubelet (``realkubelet``)."""
     cold_starts: int
@@ -40,6 +42,7 @@ MODES = {
         scale_counts=(1, 10, 100, 300),
         scale_allocations=1000,
         restart_counts=((1, 1000), (3, 1000), (10, 100), (100, 20)),
+        restart_loaded=(3, 300),
         kubelet_restarts=10,
         cold_starts=5,
         throughput_seconds=10.0,
@@ -55,6 +58,7 @@ MODES = {
         scale_counts=(1, 10, 100, 300),
         scale_allocations=200,
         restart_counts=((1, 100), (3, 100), (10, 10), (100, 5)),
+        restart_loaded=(3, 30),
         kubelet_restarts=3,
         cold_starts=2,
         throughput_seconds=2.0,
@@ -70,6 +74,7 @@ MODES = {
         scale_counts=(1, 10),
         scale_allocations=50,
         restart_counts=((1, 2),),
+        restart_loaded=(1, 2),
         kubelet_restarts=2,
         cold_starts=1,
         throughput_seconds=0.5,

@@ -155,3 +155,23 @@ def test_quick_says_how_long_it_takes_as_measured() -> None:
     assert f"`--quick` for a smaller run of {QUICK_TAKES})" in " ".join(
         (REPO / "README.md").read_text().split()
     )
+
+
+def test_restart_measurement_includes_a_series_under_load(tmp_path: Path) -> None:
+    """Issue 26: restarts are also measured while another process keeps a core busy."""
+    out = tmp_path / "results.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "restart", "--out", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
+    assert figures["1 resources under load: restarts with every resource back"]["target"] == ">= 2"
+    for stat, target in (("p99", "< 50"), ("max", "< 200")):
+        figure = figures[f"1 resources under load back {stat}"]
+        assert figure["target"] == target
+        assert math.isfinite(figure["value"])
+        assert figure["value"] > 0
+        assert 0 < figure["baseline"] < 10_000

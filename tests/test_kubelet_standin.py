@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -363,6 +364,31 @@ async def test_restart_cleans_dir_except_checkpoint_and_gives_new_inode(
     await serve_and_register(kubelet, servers, plugin)
     await kubelet.wait_for_resource(NAME, healthy=1)
     assert kubelet.registrations(NAME) == 2
+
+
+async def test_a_start_binds_kubelet_sock_before_it_listens(base: Path, servers: Servers) -> None:
+    """As the kubelet's ``net.Listen``: the file appears first, connections are refused until it
+    listens. (A plugin that registers the moment kubelet.sock appears must cope with that.)"""
+    async with KubeletStandIn(base / "dp", dial_timeout=0.3, listen_delay=0.5) as kubelet:
+        plugin = Plugin(devices("w0"))
+        await serve_and_register(kubelet, servers, plugin)
+        old = kubelet.socket_path.stat().st_ino
+        restart = asyncio.create_task(kubelet.restart())
+        while not (kubelet.socket_path.exists() and kubelet.socket_path.stat().st_ino != old):
+            await asyncio.sleep(0.005)
+        assert kubelet.socket_created_at is not None
+        with (
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as early,
+            pytest.raises(ConnectionRefusedError),
+        ):
+            early.connect(str(kubelet.socket_path))
+        assert not restart.done()
+        await restart
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as late:
+            late.connect(str(kubelet.socket_path))
+        await serve_and_register(kubelet, servers, plugin)
+        await kubelet.wait_for_resource(NAME, healthy=1)
+        assert kubelet.registrations(NAME) == 2
 
 
 async def test_crash_removes_socket_while_down(kubelet: KubeletStandIn, servers: Servers) -> None:

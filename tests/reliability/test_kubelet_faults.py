@@ -16,7 +16,11 @@ from hostfakes import ScriptedBackend, TopologyBackend, captured_logs, running_h
 
 import devicehost
 from devicehost import Health, Resource
+from devicehost.host.app import running
+from devicehost.host.backends.backend import Backend
+from devicehost.host.config import HostConfig
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from devicehost.testing.host import beside_kubelet
 from devicehost.testing.kubelet import EventKind, KubeletStandIn
 
 pytestmark = pytest.mark.timeout(600)
@@ -237,3 +241,77 @@ async def test_dropped_stream_of_one_resource_leaves_the_others_alone(
         backend.notifiers["example.com/a"].set_health({"w0": Health.UNHEALTHY})
         await kubelet.wait_for_resource("example.com/a", healthy=1, total=2)
         ledger.add("streams dropped by the kubelet", 1)
+
+
+async def test_a_reloaded_register_timeout_applies_to_the_next_register(plugin_dir: Path) -> None:
+    """README: timeouts change in place. The kubelet client used to keep the value it started
+    with: after a reload to 0.2 s, a Register to a silent kubelet still waited the old 30 s."""
+    name = "example.com/patient"
+    backend = ScriptedBackend(widgets(name, 1))  # named as an installed backend, so the reload keeps it
+    config = HostConfig(
+        device_plugins_dir=plugin_dir,
+        register_timeout=30.0,
+        hook_timeout=2.0,
+        pod_resources_socket=beside_kubelet(plugin_dir),
+    )
+    reloaded = config.model_copy(update={"register_timeout": 0.2})
+    kubelet = KubeletStandIn(plugin_dir)
+    answer = kubelet._register
+    silent = asyncio.Event()
+
+    async def register(request: api_pb2.RegisterRequest) -> str | None:
+        if silent.is_set():
+            await asyncio.Event().wait()  # never answers; ends when the kubelet stops
+        return await answer(request)
+
+    kubelet._register = register  # type: ignore[method-assign]
+    try:
+        with captured_logs() as logs:
+            async with (
+                kubelet,
+                running(config, [Backend("example", backend, 2.0)], reload_config=lambda: reloaded) as host,
+            ):
+                await kubelet.wait_for_resource(name, healthy=1)
+                host.request_reload()
+                await wait_until(lambda: host.config.register_timeout == 0.2, 10, "the reload")
+                silent.set()
+                await kubelet.restart()
+                await wait_until(
+                    lambda: any(e["event"] == "register failed" for e in logs), 10, "a Register to time out"
+                )
+    finally:
+        backend.hang.set()
+    assert any(e["event"] == "configuration reloaded" and e["changed"] == ["register_timeout"] for e in logs)
+    failed = [e for e in logs if e["event"] == "register failed"]
+    assert "DEADLINE_EXCEEDED" in str(failed[0]["error"])
+    assert failed[0]["resource"] == name
+
+
+async def test_ordinary_restarts_are_told_as_restarts_not_faults(
+    kubelet: KubeletStandIn, plugin_dir: Path, long_mode: bool, ledger: Ledger
+) -> None:
+    """Each restart as the kubelet's: streams end, the dir is cleaned, kubelet.sock bound and then
+    listening. Every resource is back each time, and no warning says the kubelet did something
+    wrong (issue 26: 898 of 900 restarts logged 'the kubelet keeps ending the stream')."""
+    rounds = 100 if long_mode else 20
+    backend = ScriptedBackend(*widgets_for(RESOURCES))
+    with captured_logs() as logs:
+        async with running_host(plugin_dir, {"b": backend}) as host:
+            await all_streaming(kubelet)
+            for _ in range(rounds):
+                await kubelet.restart()
+                await all_streaming(kubelet)
+            stats = [server.registrar.stats for server in host.resources.values()]
+    warnings = [
+        (e["event"], e["resource"])
+        for e in logs
+        if e["log_level"] in ("warning", "error") and "resource" in e
+    ]
+    assert warnings == []
+    # "kubelet appeared" where the host saw kubelet.sock absent in between
+    assert [s.count - s.reasons["start"] for s in stats] == [rounds] * len(RESOURCES)
+    assert [s.reasons["kubelet restarted"] + s.reasons["kubelet appeared"] for s in stats] == [rounds] * len(
+        RESOURCES
+    )
+    assert [s.failed_tries for s in stats] == [0] * len(RESOURCES)
+    ledger.add("ordinary kubelet restarts without a warning", rounds)

@@ -22,6 +22,7 @@ from waiting import WITHIN, eventually
 from devicehost.host.kubelet.client import API_VERSION, KubeletClient, RegisterError
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from devicehost.standin.registration import KubeletSocket
 
 RESOURCE = "example.com/widget"
 ENDPOINT = "devicehost-example.com_widget-abc123.sock"
@@ -116,7 +117,7 @@ async def clients(watch: KubeletSocketWatch) -> AsyncIterator[Callable[[float], 
     made: list[KubeletClient] = []
 
     def make(timeout: float = TIMEOUT) -> KubeletClient:
-        client = KubeletClient(watch, timeout)
+        client = KubeletClient(watch, lambda: timeout)
         made.append(client)
         return client
 
@@ -550,3 +551,76 @@ async def test_close_of_an_unused_client_and_a_second_close_are_harmless(
     await client.close()
 
     assert fds_in(plugin_dir) == []
+
+
+# a kubelet.sock that exists before it listens (issue 26)
+
+
+async def test_a_kubelet_sock_that_listens_late_gets_its_register_once_it_listens(
+    watch: KubeletSocketWatch, client: KubeletClient, plugin_dir: Path
+) -> None:
+    """The kubelet binds kubelet.sock, then listens: a Register in between used to fail
+    UNAVAILABLE (connection refused), and the channel then failed every call until gRPC's own
+    reconnect backoff ended. Now no Register goes out before the socket accepts."""
+    seen: list[str] = []
+
+    async def record(request: api_pb2.RegisterRequest) -> None:
+        seen.append(request.resource_name)
+
+    late = KubeletSocket(plugin_dir, listen_delay=0.3)
+    serving = asyncio.create_task(late.serve(record))
+    try:
+        await eventually(lambda: late.path.exists(), what="kubelet.sock bound")
+        watch.refresh()
+        assert not serving.done(), "still bound only: connections are refused"
+
+        await asyncio.wait_for(register(client), QUICK)
+
+        assert serving.done()
+        assert seen == [RESOURCE]
+    finally:
+        await serving
+        await late.stop()
+        late.release_old_inode()
+
+
+async def test_a_refusing_kubelet_sock_replaced_meanwhile_ends_the_wait(
+    watch: KubeletSocketWatch, client: KubeletClient, plugin_dir: Path
+) -> None:
+    path = os.fspath(plugin_dir / "kubelet.sock")
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound.bind(path)  # not listening (yet)
+    watch.refresh()
+    waiting = asyncio.create_task(register(client))
+    try:
+        await asyncio.sleep(0.05)
+        assert not waiting.done(), "a refusing kubelet.sock is waited for, not failed at once"
+
+        bound.close()
+        os.unlink(path)
+        bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound.bind(path)  # the next kubelet's file
+        watch.refresh()
+
+        with pytest.raises(RegisterError, match="replaced"):
+            await asyncio.wait_for(waiting, QUICK)
+    finally:
+        waiting.cancel()
+        bound.close()
+
+
+async def test_the_timeout_is_read_at_each_call(kubelet: Kubelet, watch: KubeletSocketWatch) -> None:
+    """A reloaded register_timeout applies to the next Register."""
+    timeout = [TIMEOUT]
+    client = KubeletClient(watch, lambda: timeout[0])
+    try:
+        await kubelet.start(Registrar(hang=True))
+        watch.refresh()
+        timeout[0] = 0.2
+
+        message, took = await timed_register_error(client)
+
+        assert message.startswith("DEADLINE_EXCEEDED")
+        assert took < QUICK
+    finally:
+        await client.close()

@@ -518,3 +518,98 @@ async def test_registration_makes_kubelet_registrars_and_serves_nothing_extra(
     finally:
         await registrar.stop()
         await endpoint.streams.end_all()
+
+
+# a kubelet restart ends every stream first: not a fault (issue 26)
+
+
+async def test_a_restart_that_ends_the_stream_and_removes_our_socket_is_no_stream_lost_soon(
+    registrar: KubeletRegistrar, endpoint: FakeEndpoint, client: FakeRegisterClient, watch: FakeSocketWatch
+) -> None:
+    """As the kubelet restarts: its streams end, the dir is cleaned (our socket too), a new
+    kubelet.sock. Serving again used to make the lost stream look like one of the same kubelet."""
+    registrar.start()
+    await eventually(lambda: registrar.registered)
+    with structlog.testing.capture_logs() as logs:
+        client.streams[0].drop()
+        endpoint.socket.is_gone = True
+        watch.vanish()
+        await eventually(lambda: watch.waiting == 1, what="waiting for kubelet.sock")
+        watch.appear()
+        await eventually(lambda: len(client.succeeded) == 2 and registrar.registered)
+        await settle()
+
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    assert reasons(registrar) == {"start": 1, "kubelet restarted": 1}
+    assert registrar.stats.failed_tries == 0
+
+
+async def test_a_new_kubelet_sock_during_the_wait_after_a_lost_stream_makes_it_a_restart(
+    registrar: KubeletRegistrar,
+    client: FakeRegisterClient,
+    watch: FakeSocketWatch,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream ends while kubelet.sock is still the old file (a kubelet that died): the wait
+    is cut short by the new kubelet.sock, and nothing calls the restart a fault."""
+    monkeypatch.setattr(kubelet_registrar, "BACKOFF_INITIAL", 60.0)  # the wait lasts until the restart
+    registrar.start()
+    await eventually(lambda: registrar.registered)
+    with structlog.testing.capture_logs() as logs:
+        client.streams[0].drop()
+        await eventually(
+            lambda: not registrar.registered and endpoint_waits(registrar), what="the backoff wait"
+        )
+        watch.restart()
+        await eventually(lambda: len(client.succeeded) == 2 and registrar.registered)
+        await settle()
+
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    assert reasons(registrar) == {"start": 1, "kubelet restarted": 1}
+    assert registrar.stats.failed_tries == 0
+
+
+def endpoint_waits(registrar: KubeletRegistrar) -> bool:
+    """The registrar is waiting out a backoff after a lost stream."""
+    return registrar._lost_soon is not None
+
+
+async def test_a_register_failed_against_a_replaced_kubelet_sock_is_retried_at_once_and_not_told(
+    registrar: KubeletRegistrar, client: FakeRegisterClient, watch: FakeSocketWatch
+) -> None:
+    gate = client.block()
+    client.fail(1)
+    with structlog.testing.capture_logs() as logs:
+        registrar.start()
+        await eventually(lambda: len(client.calls) == 1)
+        watch.restart()  # the kubelet the Register went to is gone; its failure says nothing of the new one
+        client.gate = None
+        gate.set()
+        await eventually(lambda: len(client.succeeded) == 1 and registrar.registered)
+
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    assert registrar.stats.failed_tries == 0
+    assert len(client.calls) == 2
+
+
+async def test_a_socket_removed_while_kubelet_sock_is_absent_is_served_again_before_it_returns(
+    registrar: KubeletRegistrar, endpoint: FakeEndpoint, client: FakeRegisterClient, watch: FakeSocketWatch
+) -> None:
+    """A starting kubelet cleans the dir, then listens: serving again at once, not after the new
+    kubelet.sock appears, takes the new socket off the restart's critical path."""
+    registrar.start()
+    await eventually(lambda: registrar.registered)
+    watch.vanish()
+    await eventually(lambda: watch.waiting == 1, what="waiting for kubelet.sock")
+
+    endpoint.socket.is_gone = True
+    watch.refresh(endpoint.socket.name)
+    await eventually(
+        lambda: endpoint.serve_again_calls == 1, what="served again while kubelet.sock is absent"
+    )
+    await eventually(lambda: watch.waiting == 1, what="waiting for kubelet.sock again")
+    assert len(client.calls) == 1
+
+    watch.appear()
+    await eventually(lambda: len(client.succeeded) == 2 and registrar.registered)
+    assert endpoint.timeline == ["register", "serve_again", "register"]

@@ -78,7 +78,7 @@ async def running(
             await _serve_probes(stack, snapshot, metrics, config.metrics_address, metrics_listener)
         _remove_stale_sockets(config)
         watch = KubeletSocketWatch(config.device_plugins_dir)
-        client = KubeletClient(watch, config.register_timeout)
+        client = KubeletClient(watch, lambda: (config if host is None else host.config).register_timeout)
         stack.push_async_callback(client.close)
         registration = for_mode(
             config.registration_mode, config.device_plugins_dir, config.plugins_registry_dir, watch, client

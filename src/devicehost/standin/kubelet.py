@@ -37,7 +37,7 @@ from devicehost.standin.model import EventKind
 from devicehost.standin.plugin_watcher import PLUGIN_TYPE as DEVICE_PLUGIN
 from devicehost.standin.plugin_watcher import PluginHandler, PluginWatcher, device_plugin_problem
 from devicehost.standin.pod_resources import PodResourcesServer, write_checkpoint
-from devicehost.standin.registration import CHECKPOINT, KubeletSocket, register_problem
+from devicehost.standin.registration import CHECKPOINT, LISTEN_DELAY, KubeletSocket, register_problem
 
 DEPRECATION = "DEPRECATION"
 
@@ -60,6 +60,8 @@ class KubeletStandIn(DeviceManager):
     ``pod_resources_socket`` also serves the pod-resources API there
     (:mod:`~devicehost.standin.pod_resources`), fed by :meth:`allocate` and :meth:`release_pod`,
     and keeps the checkpoint file up to date.
+    Each start binds ``kubelet.sock`` and listens ``listen_delay`` seconds later, refusing
+    connections in between, as a kubelet scheduled out between ``bind`` and ``listen`` does.
 
     Waits and plugin calls take a ``timeout`` (the real kubelet has none; tests need one),
     hence the ``noqa: ASYNC109`` on those signatures.
@@ -76,6 +78,7 @@ class KubeletStandIn(DeviceManager):
         dial_timeout: float = 10.0,
         pod_resources_socket: Path | None = None,
         dra_call_timeout: float = CALL_TIMEOUT,
+        listen_delay: float = LISTEN_DELAY,
     ) -> None:
         if watcher and plugins_registry_dir is None:
             raise ValueError("watcher=True needs plugins_registry_dir")
@@ -84,7 +87,7 @@ class KubeletStandIn(DeviceManager):
         self.plugins_registry_dir = plugins_registry_dir
         self.close_replaced_streams = close_replaced_streams
         self.dial_timeout = dial_timeout
-        self._socket = KubeletSocket(self.device_plugins_dir)
+        self._socket = KubeletSocket(self.device_plugins_dir, listen_delay)
         self.socket_path = self._socket.path
         self._watcher_enabled = watcher
         self._deprecation_file = deprecation_file
@@ -110,7 +113,8 @@ class KubeletStandIn(DeviceManager):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Clean the dir except the checkpoint, then serve ``kubelet.sock`` (a new inode)."""
+        """Clean the dir except the checkpoint, then serve ``kubelet.sock`` (a new inode); returns
+        once it accepts connections."""
         self._socket.clean_dir()
         if self.plugins_registry_dir is not None:
             if self._watcher_enabled and self._deprecation_file:
@@ -131,6 +135,11 @@ class KubeletStandIn(DeviceManager):
         if self.pod_resources_socket is not None:
             await self.pod_resources.serve(self.pod_resources_socket)
         self._log.info("kubelet started", socket=str(self.socket_path))
+
+    @property
+    def socket_created_at(self) -> float | None:
+        """``time.monotonic()`` when the current ``kubelet.sock`` file appeared (before it listened)."""
+        return self._socket.created_at
 
     async def stop(self) -> None:
         """Stop serving and close every plugin connection; no task is left running."""
