@@ -159,8 +159,8 @@ def refused(kit: Kit, obj: dict[str, Any], what: str) -> str:
     """kubectl's refusal of ``obj`` (its stderr line goes to the session's report as ``what``)."""
     with pytest.raises(AssertionError) as failed:
         dry_run(kit, obj)
-    said = [line for line in str(failed.value).splitlines() if line.startswith("Error from server")]
-    kit.notes.append(f"webhook {what}: {' '.join(said) or str(failed.value)[-500:]}")
+    said = [ln for ln in str(failed.value).splitlines()[1:] if ln.strip()]  # below "kubectl ... exited 1:"
+    kit.notes.append(f"webhook {what}: {' '.join(said)}")
     return str(failed.value)
 
 
