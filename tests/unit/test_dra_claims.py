@@ -3,6 +3,7 @@ checkpoint, and a real Backend and DeviceTable behind a fake resource server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from devicehost import Device, Health, cdi
 from devicehost.hookspecs import rules
+from devicehost.host.dra import claims as claims_module
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Claims
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, OpaqueConfig
@@ -402,3 +404,50 @@ async def test_a_claim_whose_later_request_fails_gives_back_what_it_allocated(
         assert rig.claims.checkpoint.claims == {}
         assert rig.advertised_unhealthy() == set()
         assert list(cdi_dir.glob("*.json")) == []
+
+
+async def test_ten_thousand_claims_in_one_call_are_read_a_few_at_a_time_and_each_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with rig_of(tmp_path) as rig:
+        reading = most = 0
+        real = rig.cluster.claim
+
+        async def claim(namespace: str, name: str) -> ClaimAllocation:
+            nonlocal reading, most
+            reading += 1
+            most = max(most, reading)
+            try:
+                await asyncio.sleep(0)
+                return await real(namespace, name)
+            finally:
+                reading -= 1
+
+        monkeypatch.setattr(rig.cluster, "claim", claim)
+        good = rig.claim("good", ("r", "w0"))
+        refs = [("default", f"uid-gone-{n}", f"gone-{n}") for n in range(10_000)]
+        answers = await rig.claims.prepare([*refs, good])
+    assert most <= claims_module.READS
+    assert isinstance(answers[good[1]], PreparedClaim)
+    gone = [answers[uid] for _, uid, _ in refs]
+    assert all(isinstance(a, str) and "gone-" in a and "404" in a for a in gone)
+
+
+async def test_an_api_server_that_does_not_answer_fails_the_claim_not_the_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(claims_module, "READ_TIMEOUT", 0.05)
+    async with rig_of(tmp_path) as rig:
+        good = rig.claim("good", ("r", "w0"))
+        stuck = rig.claim("stuck", ("r", "w1"))
+        real = rig.cluster.claim
+
+        async def claim(namespace: str, name: str) -> ClaimAllocation:
+            if name == "stuck":
+                await asyncio.sleep(3600)
+            return await real(namespace, name)
+
+        monkeypatch.setattr(rig.cluster, "claim", claim)
+        answers = await rig.claims.prepare([stuck, good])
+    assert isinstance(answers[good[1]], PreparedClaim)
+    assert answers[stuck[1]] == "reading ResourceClaim default/stuck: no answer within 0.05 s"

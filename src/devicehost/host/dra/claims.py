@@ -36,6 +36,10 @@ log = structlog.get_logger(__name__)
 
 HOLD = "dra"
 """The reason prepared devices are held on the device plugin side."""
+READS = 16
+"""ResourceClaims read from the API server at once for one driver."""
+READ_TIMEOUT = 10.0
+"""Seconds one claim's read may take (the kubelet's own deadline for the call is 45 s)."""
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Claims:
         self._resources = resources
         self._device_plugin_holds = device_plugin_holds
         self._lock = asyncio.Lock()
+        self._reads = asyncio.Semaphore(READS)
         self.prepared = 0
         self.log = log.bind(driver=driver)
 
@@ -90,15 +95,26 @@ class Claims:
         once for all of them before the kubelet gets the answer.
         """
         new = [ref for ref in claims if ref[1] not in self.checkpoint.claims]
-        reads = await asyncio.gather(
-            *(read_claim(self._cluster, self._driver, *ref) for ref in new), return_exceptions=True
-        )
+        reads = await asyncio.gather(*(self._read(*ref) for ref in new), return_exceptions=True)
         allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
         answers: dict[str, PreparedClaim | str] = {}
         async with self._lock:
             with self.checkpoint.batch():
                 await self._prepare_all(claims, allocations, answers)
         return answers
+
+    async def _read(self, namespace: str, uid: str, name: str) -> ClaimAllocation:
+        """One claim's read, at most :data:`READS` at once and each within :data:`READ_TIMEOUT`:
+        a kubelet asking for thousands of claims in one call does not open thousands of requests,
+        and an API server that does not answer fails that claim, not the call."""
+        async with self._reads:
+            try:
+                async with asyncio.timeout(READ_TIMEOUT):
+                    return await read_claim(self._cluster, self._driver, namespace, uid, name)
+            except TimeoutError:
+                raise _ClaimRefused(
+                    f"reading ResourceClaim {namespace}/{name}: no answer within {READ_TIMEOUT:g} s"
+                ) from None
 
     async def _prepare_all(
         self,
@@ -112,7 +128,7 @@ class Claims:
                 if prepared is None:
                     read = allocations.get(uid)
                     if read is None:  # prepared when the reads began, unprepared since
-                        read = await read_claim(self._cluster, self._driver, namespace, uid, name)
+                        read = await self._read(namespace, uid, name)
                     prepared = await self._prepare(namespace, uid, name, read)
                 answers[uid] = prepared
             except _ClaimRefused as exc:

@@ -1,4 +1,4 @@
-"""``devicehost webhook`` on the kit's real API server (to be moved into tests/e2e/ by the lead).
+"""``devicehost webhook`` on the kit's real API server.
 
 The kit's API server has no kube-proxy: a Service's ClusterIP is not reachable from it, so the
 webhook runs as a process on the node (as the host does in test_dra_example.py) and the
@@ -155,9 +155,12 @@ def dry_run(kit: Kit, obj: dict[str, Any]) -> str:
     return kit.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
 
 
-def refused(kit: Kit, obj: dict[str, Any]) -> str:
+def refused(kit: Kit, obj: dict[str, Any], what: str) -> str:
+    """kubectl's refusal of ``obj`` (its stderr line goes to the session's report as ``what``)."""
     with pytest.raises(AssertionError) as failed:
         dry_run(kit, obj)
+    said = [ln for ln in str(failed.value).splitlines()[1:] if ln.strip()]  # below "kubectl ... exited 1:"
+    kit.notes.append(f"webhook {what}: {' '.join(said)}")
     return str(failed.value)
 
 
@@ -179,7 +182,7 @@ def _settle() -> None:
 
 def test_an_invalid_claim_is_refused_with_the_models_message(kit: Kit, webhook: WebhookProcess) -> None:
     _settle()
-    message = refused(kit, claim(BAD))
+    message = refused(kit, claim(BAD), "invalid v1 claim refused")
     assert 'admission webhook "claim-config.devicehost.io" denied the request' in message
     assert f"{KEY_PATH}: {MODEL_WORDS}" in message
 
@@ -193,7 +196,7 @@ def test_a_valid_claim_a_claim_for_another_driver_and_one_without_config_are_adm
 
 
 def test_an_invalid_template_is_refused_at_spec_spec(kit: Kit, webhook: WebhookProcess) -> None:
-    assert f"spec.{KEY_PATH}" in refused(kit, template(BAD))
+    assert f"spec.{KEY_PATH}" in refused(kit, template(BAD), "invalid template refused")
 
 
 def test_an_invalid_v1beta1_claim_is_refused_where_v1beta1_is_served(
@@ -201,7 +204,7 @@ def test_an_invalid_v1beta1_claim_is_refused_where_v1beta1_is_served(
 ) -> None:
     if "v1beta1" not in served_versions(kit):
         pytest.skip("this API server does not serve resource.k8s.io/v1beta1")
-    assert KEY_PATH in refused(kit, claim(BAD, version="v1beta1"))
+    assert KEY_PATH in refused(kit, claim(BAD, version="v1beta1"), "invalid v1beta1 claim refused")
 
 
 def test_with_the_webhook_down_ignore_admits_and_fail_refuses(kit: Kit, webhook: WebhookProcess) -> None:
@@ -212,7 +215,8 @@ def test_with_the_webhook_down_ignore_admits_and_fail_refuses(kit: Kit, webhook:
         assert time.monotonic() - started < 10
         kit.apply(configuration(webhook, "Fail", served_versions(kit)))
         _settle()
-        message = refused(kit, claim(GOOD))  # Fail: even a good claim is refused while it is down
+        # Fail: even a good claim is refused while it is down
+        message = refused(kit, claim(GOOD), "good claim, webhook down, failurePolicy Fail")
         assert "failed calling webhook" in message
     finally:
         kit.apply(configuration(webhook, "Ignore", served_versions(kit)))
