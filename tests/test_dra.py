@@ -171,3 +171,43 @@ async def test_health_reaches_the_kubelet_stream_and_the_slice(root: Path) -> No
             example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.HEALTHY)
             await published(cluster, 4)
             stream.cancel()
+
+
+async def test_an_unhealthy_device_keeps_its_place_with_a_taint_where_the_api_has_taints(root: Path) -> None:
+    cluster = ClusterStandIn()
+    cluster.device_taints_kept = True
+    example = ExampleBackend()
+    async with dra_host(root, cluster, example, dra_unhealthy_taint="NoExecute"):
+        await published(cluster, 4)
+        example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.UNHEALTHY)
+
+        def tainted(c: ClusterStandIn) -> bool:
+            return any("taints" in d for d in c.stored[SLICE]["spec"]["devices"])
+
+        await cluster.wait(tainted)
+        devices = {d["name"]: d for d in cluster.stored[SLICE]["spec"]["devices"]}
+        assert len(devices) == 4  # still published: sick, not gone
+        (taint,) = devices["widget-1"]["taints"]
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            "devicehost.io/unhealthy",
+            "true",
+            "NoExecute",
+        )
+        assert taint["timeAdded"].endswith("Z")
+        assert "taints" not in devices["widget-0"]
+        example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.HEALTHY)
+        await cluster.wait(lambda c: not tainted(c))
+        assert len(cluster.stored[SLICE]["spec"]["devices"]) == 4
+
+
+async def test_where_the_api_drops_taints_an_unhealthy_device_is_withdrawn(root: Path) -> None:
+    cluster = ClusterStandIn()  # an API server without DRADeviceTaints: drops the field
+    example = ExampleBackend()
+    async with dra_host(root, cluster, example):
+        await published(cluster, 4)
+        writes = cluster.stored[SLICE]["metadata"]["resourceVersion"]
+        example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.UNHEALTHY)
+        body = await published(cluster, 3)
+        assert "widget-1" not in [d["name"] for d in body["spec"]["devices"]]
+        await asyncio.sleep(0.3)  # and it is not rewritten again and again
+        assert int(cluster.stored[SLICE]["metadata"]["resourceVersion"]) == int(writes) + 1

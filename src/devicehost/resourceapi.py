@@ -82,3 +82,23 @@ def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
             if c.get("opaque")
         ),
     )
+
+
+UNHEALTHY_TAINT = "devicehost.io/unhealthy"
+"""The key of the taint an unhealthy device is published with (where the API keeps taints)."""
+
+
+def taint_probe(node: str, driver: str) -> dict[str, Any]:
+    """A ResourceSlice of one tainted device, to create as a dry run: whether the API server
+    keeps the taint says whether it has device taints (``DRADeviceTaints``)."""
+    return {
+        "apiVersion": SLICE_API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"devicehost-taint-probe-{node}"[:253]},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": f"{node}/devicehost-taint-probe", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "probe", "taints": [{"key": UNHEALTHY_TAINT, "effect": "NoSchedule"}]}],
+        },
+    }

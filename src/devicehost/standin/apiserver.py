@@ -29,6 +29,9 @@ class ApiServerStandIn:
         self.stored: dict[str, dict[str, Any]] = {}
         """ResourceSlices by name, as stored (with a resourceVersion)."""
         self.claims: dict[tuple[str, str], ClaimAllocation] = {}
+        self.device_taints_kept = False
+        """Whether it keeps device taints on slices (an API server with ``DRADeviceTaints``);
+        without, it drops them as the real one does."""
         self.down: str | None = None
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
@@ -55,6 +58,10 @@ class ApiServerStandIn:
             for name, body in self.stored.items()
             if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver
         }
+
+    async def device_taints(self, node: str, driver: str) -> bool:
+        self._check()
+        return self.device_taints_kept
 
     async def create_slice(self, body: Mapping[str, Any]) -> None:
         self._check()
@@ -152,6 +159,9 @@ class ApiServerStandIn:
                 await self.changed.wait()
 
     def _store(self, body: Mapping[str, Any]) -> None:
+        if not self.device_taints_kept and body["spec"].get("devices"):
+            devices = [{k: v for k, v in d.items() if k != "taints"} for d in body["spec"]["devices"]]
+            body = {**body, "spec": {**body["spec"], "devices": devices}}
         stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
         self.stored[body["metadata"]["name"]] = stored
         self._bump()

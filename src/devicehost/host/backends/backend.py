@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +121,13 @@ def new_plugin_manager(name: str, plugin: object) -> pluggy.PluginManager:
     return manager
 
 
-def declared_model(manager: pluggy.PluginManager, hook: str) -> type[BaseModel] | None:
+def declared_model(
+    manager: pluggy.PluginManager, hook: str, implemented: Collection[str]
+) -> type[BaseModel] | None:
     """What the backend's model hook (``devicehost_settings_model``, ``devicehost_claim_config_model``)
-    returns, checked to be a pydantic model."""
+    returns, checked to be a pydantic model; None when it does not implement the hook."""
+    if hook not in implemented:
+        return None
     try:
         model = getattr(manager.hook, hook)()
     except Exception as exc:
@@ -185,17 +189,9 @@ class Backend:
         except pluggy.PluginValidationError as exc:
             raise BackendContractError(str(exc)) from exc
         self._implemented = frozenset(impls)
-        self.settings_model = (
-            declared_model(self._pm, "devicehost_settings_model")
-            if "devicehost_settings_model" in impls
-            else None
-        )
+        self.settings_model = declared_model(self._pm, "devicehost_settings_model", impls)
         """The pydantic model the backend declared for its settings, or None (a plain mapping)."""
-        self.claim_config_model = (
-            declared_model(self._pm, "devicehost_claim_config_model")
-            if "devicehost_claim_config_model" in impls
-            else None
-        )
+        self.claim_config_model = declared_model(self._pm, "devicehost_claim_config_model", impls)
         """The pydantic model of the DRA claim configuration it takes, or None (a plain mapping)."""
         self._threads = HookThreads(name)
         self.failures: Counter[str] = Counter()
@@ -219,9 +215,7 @@ class Backend:
             value, problems = validated(self.claim_config_model, parameters, (where,))
         except Exception as exc:  # a validator that breaks: that claim fails, not the kubelet's call
             self.failures["devicehost_claim_config_model"] += 1
-            raise ClaimConfigRefused(
-                self.name, [f"{where}: the model's validation raised {type(exc).__name__}: {exc}"]
-            ) from exc
+            problems, value = [f"{where}: the model's validation raised {type(exc).__name__}: {exc}"], None
         if problems or value is None:
             raise ClaimConfigRefused(self.name, problems)
         return value

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -79,7 +80,8 @@ class Claims:
         self._resources = resources
         self._device_plugin_holds = device_plugin_holds
         self._lock = asyncio.Lock()
-        self._reads = asyncio.Semaphore(READS)
+        reads = asyncio.Semaphore(READS)
+        self._read = functools.partial(read_bounded, reads, cluster, driver)
         self.prepared = 0
         self.log = log.bind(driver=driver)
 
@@ -102,19 +104,6 @@ class Claims:
             with self.checkpoint.batch():
                 await self._prepare_all(claims, allocations, answers)
         return answers
-
-    async def _read(self, namespace: str, uid: str, name: str) -> ClaimAllocation:
-        """One claim's read, at most :data:`READS` at once and each within :data:`READ_TIMEOUT`:
-        a kubelet asking for thousands of claims in one call does not open thousands of requests,
-        and an API server that does not answer fails that claim, not the call."""
-        async with self._reads:
-            try:
-                async with asyncio.timeout(READ_TIMEOUT):
-                    return await read_claim(self._cluster, self._driver, namespace, uid, name)
-            except TimeoutError:
-                raise _ClaimRefused(
-                    f"reading ResourceClaim {namespace}/{name}: no answer within {READ_TIMEOUT:g} s"
-                ) from None
 
     async def _prepare_all(
         self,
@@ -293,6 +282,22 @@ def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
     resource served through DRA only has no such side, and its table is left as it is."""
     if server.device_plugin:
         server.table.hold(ids, HOLD, holding)
+
+
+async def read_bounded(
+    reads: asyncio.Semaphore, cluster: Cluster, driver: str, namespace: str, uid: str, name: str
+) -> ClaimAllocation:
+    """:func:`read_claim`, at most :data:`READS` at once (``reads``) and within
+    :data:`READ_TIMEOUT`: a kubelet asking for thousands of claims in one call does not open
+    thousands of requests, and an API server that does not answer fails that claim, not the call."""
+    async with reads:
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                return await read_claim(cluster, driver, namespace, uid, name)
+        except TimeoutError:
+            raise _ClaimRefused(
+                f"reading ResourceClaim {namespace}/{name}: no answer within {READ_TIMEOUT:g} s"
+            ) from None
 
 
 async def read_claim(cluster: Cluster, driver: str, namespace: str, uid: str, name: str) -> ClaimAllocation:

@@ -41,6 +41,10 @@ class Cluster(Protocol):
     async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
         """This node's ResourceSlices of ``driver``, by name."""
 
+    async def device_taints(self, node: str, driver: str) -> bool:
+        """Whether the API server keeps device taints on ResourceSlices (feature gate
+        ``DRADeviceTaints``; without it the field is dropped): a dry-run create, nothing stored."""
+
     async def create_slice(self, body: Mapping[str, Any]) -> None:
         """Create a ResourceSlice."""
 

@@ -11,6 +11,7 @@ Claims are prepared and unprepared by :mod:`.claims`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import Checkpoint
 from devicehost.host.dra.claims import Attached, Claims, hold
-from devicehost.host.dra.cluster import Cluster
+from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import (
     HEALTH_SERVICE,
@@ -32,12 +33,13 @@ from devicehost.host.dra.servicer import (
     DraHealthServicer,
     DraPluginServicer,
 )
-from devicehost.host.dra.slices import Placement, pool_specs
+from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.proto.dra.v1 import api_pb2_grpc
 from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+from devicehost.resourceapi import UNHEALTHY_TAINT
 
 if TYPE_CHECKING:
     from devicehost.host.serving.resource import ResourceServer
@@ -61,6 +63,8 @@ class DraSetup:
     socket_mode: int
     device_plugin_holds: Callable[[str], frozenset[str]]
     """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
+    unhealthy_taint: str = "NoSchedule"
+    """The effect of an unhealthy device's taint, where the API keeps taints; "none": withdraw it."""
 
 
 class Changes:
@@ -106,6 +110,7 @@ class DraDriver:
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
+        self._tainting: asyncio.Future[str | None] | None = None
 
     async def start(self) -> None:
         """Read the checkpoint, serve DRAPlugin, then the registration socket; start publishing.
@@ -189,22 +194,11 @@ class DraDriver:
             self.changes.bump()
 
     async def _follow(self, server: ResourceServer, pool: str) -> None:
-        """Publish the resource's devices now and after every change of its table: one pool of
-        as many slices as they need, each device kept in its slice, and its counter sets' slice."""
-        placement = Placement()
-        seen = -1
-        while True:
-            if server.table.version != seen:
-                seen = server.table.version
-                table = server.table
-                specs = pool_specs(
-                    self._setup.node, self.name, pool, table.devices, placement, table.counter_sets
-                )
-                self.publisher.want_pool(
-                    server.name, names.named_slices(self._setup.node, self.name, server.name, specs)
-                )
-                self.changes.bump()
-            await server.table.wait_for_change(seen)
+        """Publish the resource's devices now and after every change of its table."""
+        if self._tainting is None:  # asked once a driver, before its first slice
+            self._tainting = asyncio.ensure_future(taint_effect(self._setup, self.name, self.log))
+        effect = await self._tainting
+        await follow(server, pool, self._setup.node, self.name, self.publisher, self.changes, effect)
 
     def health(self) -> list[DeviceHealth]:
         """Every device of the driver's resources with its own health (the kubelet's health stream)."""
@@ -229,3 +223,55 @@ class DraDriver:
             self.publisher.poke()  # a starting kubelet deletes the node's slices: publish again
         else:
             self.log.error("the kubelet refused the driver", error=error)
+
+
+async def taint_effect(
+    setup: DraSetup, driver: str, log: structlog.typing.FilteringBoundLogger
+) -> str | None:
+    """The effect unhealthy devices are tainted with, or None when they are withdrawn instead
+    (the operator's choice, or an API server that drops device taints), said once."""
+    if setup.unhealthy_taint == "none":
+        return None
+    try:
+        kept = await setup.cluster.device_taints(setup.node, driver)
+    except ClusterError as exc:
+        log.warning("unhealthy devices are withdrawn: the API server's device taints unknown", error=str(exc))
+        return None
+    if not kept:
+        log.info("unhealthy devices are withdrawn: the API server drops device taints (DRADeviceTaints off)")
+        return None
+    log.info(
+        "unhealthy devices stay published with a taint", key=UNHEALTHY_TAINT, effect=setup.unhealthy_taint
+    )
+    return setup.unhealthy_taint
+
+
+async def follow(
+    server: ResourceServer,
+    pool: str,
+    node: str,
+    driver: str,
+    publisher: Publisher,
+    changes: Changes,
+    effect: str | None,
+) -> None:
+    """Publish ``server``'s devices now and after every change of its table: one pool of as many
+    slices as they need, each device kept in its slice, its counter sets' slice, and with
+    ``effect`` its unhealthy devices tainted since they were first seen unhealthy."""
+    placement = Placement()
+    since: dict[str, str] = {}
+    seen = -1
+    while True:
+        if server.table.version != seen:
+            seen = server.table.version
+            table = server.table
+            taints = None
+            if effect is not None:
+                unhealthy = {d.id for d in table.devices if d.health is not Health.HEALTHY}
+                now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                since = {i: since.get(i, now) for i in unhealthy}
+                taints = {i: unhealthy_taint(effect, at) for i, at in since.items()}
+            specs = pool_specs(node, driver, pool, table.devices, placement, table.counter_sets, taints)
+            publisher.want_pool(server.name, names.named_slices(node, driver, server.name, specs))
+            changes.bump()
+        await server.table.wait_for_change(seen)

@@ -124,4 +124,5 @@ class DraDrivers:
             self._token,
             config.socket_mode,
             self._holds,
+            config.dra_unhealthy_taint,
         )

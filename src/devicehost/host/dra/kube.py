@@ -20,7 +20,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from devicehost.host.dra.cluster import ClaimAllocation, ClusterError
-from devicehost.resourceapi import claim_allocation
+from devicehost.resourceapi import claim_allocation, taint_probe
 
 FIELD_MANAGER = "devicehost"
 NOT_FOUND = 404
@@ -63,6 +63,15 @@ class KubeCluster:
                 if item.metadata and item.metadata.name:
                     found[item.metadata.name] = item.to_dict()
         return found
+
+    async def device_taints(self, node: str, driver: str) -> bool:
+        probe = taint_probe(node, driver)
+        with _errors("probing for device taints (a dry-run ResourceSlice)"):
+            created = await self._api().create(
+                cast(ResourceSlice, ResourceSlice.from_dict(probe)), dry_run=True
+            )
+        devices = created.to_dict().get("spec", {}).get("devices") or [{}]
+        return bool(devices[0].get("taints"))
 
     async def create_slice(self, body: Mapping[str, Any]) -> None:
         with _errors(f"creating ResourceSlice {body['metadata']['name']}"):

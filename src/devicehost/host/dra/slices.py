@@ -4,10 +4,11 @@ A slice holds at most :data:`MAX_DEVICES` devices, so a resource with more is pu
 many slices as it needs, all of one pool. :class:`Placement` says which slice each device is in,
 and keeps it there while the device exists, so one device changing rewrites one slice.
 
-Only healthy devices are published: the v1 API has no health field, and device taints are still
-alpha (``DRADeviceTaints``) in 1.35, so an unhealthy device is withdrawn from the slice and comes
-back when it is healthy again. Devices held for a claim stay published (the scheduler already
-counts them allocated).
+The v1 API has no health field. Where the API server keeps device taints (``DRADeviceTaints``,
+alpha in 1.35) an unhealthy device stays published with a taint (``devicehost.io/unhealthy``,
+``NoSchedule`` unless the operator says otherwise) and loses it when it recovers; elsewhere it is
+withdrawn from the slice and comes back when it is healthy again. Devices held for a claim stay
+published (the scheduler already counts them allocated).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from devicehost.hookspecs.types import Device, Health, Version
 from devicehost.host.dra.cluster import SLICE_API_VERSION
 from devicehost.host.dra.names import device_name
+from devicehost.resourceapi import UNHEALTHY_TAINT
 
 MAX_DEVICES = 128
 """Devices one ResourceSlice may hold (``resource.k8s.io/v1`` refuses more)."""
@@ -75,16 +77,33 @@ def _attribute_kind(value: bool | int | str) -> str:
 
 
 def slice_spec(
-    node: str, driver: str, pool: str, devices: Iterable[Device], slice_count: int = 1
+    node: str,
+    driver: str,
+    pool: str,
+    devices: Iterable[Device],
+    slice_count: int = 1,
+    taints: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The ``spec`` of one slice of ``pool`` (of ``slice_count`` slices): its healthy devices, in
-    the order given (the pool's generation is the publisher's to set)."""
+    the order given (the pool's generation is the publisher's to set). With ``taints`` (device ID
+    -> its taint, for every unhealthy device) the unhealthy ones stay, each with its taint."""
+    entries = []
+    for device in devices:
+        if device.health is Health.HEALTHY:
+            entries.append(device_entry(device))
+        elif taints is not None:
+            entries.append({**device_entry(device), "taints": [dict(taints[device.id])]})
     return {
         "driver": driver,
         "nodeName": node,
         "pool": {"name": pool, "resourceSliceCount": slice_count},
-        "devices": [device_entry(d) for d in devices if d.health is Health.HEALTHY],
+        "devices": entries,
     }
+
+
+def unhealthy_taint(effect: str, since: str) -> dict[str, str]:
+    """The taint of a device its backend reports unhealthy, added at ``since`` (RFC 3339)."""
+    return {"key": UNHEALTHY_TAINT, "value": "true", "effect": effect, "timeAdded": since}
 
 
 class Placement:
@@ -138,15 +157,17 @@ def pool_specs(
     devices: Sequence[Device],
     placement: Placement,
     counter_sets: Mapping[str, Mapping[str, int | str]] | None = None,
+    taints: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """The ``spec`` of each slice of ``pool``, first to last, as ``placement`` places ``devices``;
-    with ``counter_sets``, one more slice holding them comes last. Devices that consume counters
-    go at most :data:`MAX_CONSUMING_DEVICES` to a slice."""
-    placement.resize(MAX_CONSUMING_DEVICES if any(d.consumes for d in devices) else MAX_DEVICES)
+    with ``counter_sets``, one more slice holding them comes last. Devices that consume counters,
+    or may carry taints (``taints`` given), go at most :data:`MAX_CONSUMING_DEVICES` to a slice."""
+    limited = taints is not None or any(d.consumes for d in devices)
+    placement.resize(MAX_CONSUMING_DEVICES if limited else MAX_DEVICES)
     by_id = {d.id: d for d in devices}
     slices = placement.place([d.id for d in devices])
     count = len(slices) + (1 if counter_sets else 0)
-    specs = [slice_spec(node, driver, pool, [by_id[i] for i in ids], count) for ids in slices]
+    specs = [slice_spec(node, driver, pool, [by_id[i] for i in ids], count, taints) for ids in slices]
     if counter_sets:
         specs.append(counter_spec(node, driver, pool, counter_sets, count))
     return specs
