@@ -18,6 +18,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -73,8 +74,11 @@ class Claims:
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
         device_plugin_holds: Callable[[str], frozenset[str]],
+        cdi_dir: Path | None = None,
     ) -> None:
         self._driver = driver
+        self._cdi_dir = cdi_dir
+        """Where the claims' CDI specs go: the host's ``cdi_dir`` (None: ``devicehost.cdi``'s default)."""
         self._cluster = cluster
         self.checkpoint = checkpoint
         self._resources = resources
@@ -152,7 +156,7 @@ class Claims:
         devices, spec_devices = await self._allocate(kind, f"{namespace}/{name}", uid, read, picked)
         if spec_devices:
             try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices))
+                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir)
             except (OSError, ValueError) as exc:
                 await self._release(devices, "its CDI spec could not be written")
                 raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
@@ -204,7 +208,7 @@ class Claims:
             return  # never prepared here, or unprepared already: nothing to undo
         await self._release(claim.devices, "unprepared", but=uid)
         with contextlib.suppress(ValueError):
-            cdi.remove_spec(names.cdi_kind(self._driver, uid))
+            cdi.remove_spec(names.cdi_kind(self._driver, uid), self._cdi_dir)
         self.checkpoint.remove(uid)
         still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():

@@ -63,6 +63,8 @@ class DraSetup:
     socket_mode: int
     device_plugin_holds: Callable[[str], frozenset[str]]
     """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
+    cdi_dir: Path | None = None
+    """The host's ``cdi_dir``, where each claim's CDI spec goes."""
     unhealthy_taint: str = "NoSchedule"
     """The effect of an unhealthy device's taint, where the API keeps taints; "none": withdraw it."""
 
@@ -101,6 +103,7 @@ class DraDriver:
             Checkpoint(self.directory / CHECKPOINT_FILE),
             self.resources,
             setup.device_plugin_holds,
+            setup.cdi_dir,
         )
         self.registered = False
         self.changes = Changes()

@@ -124,5 +124,6 @@ class DraDrivers:
             self._token,
             config.socket_mode,
             self._holds,
+            config.cdi_dir,
             config.dra_unhealthy_taint,
         )
