@@ -21,6 +21,11 @@ class TimedKubelet(KubeletStandIn):
         self._arrivals: dict[str, asyncio.Queue[Arrival]] = {}
         self.observe_lists(self._stamp)
 
+    @property
+    def socket_created_at(self) -> float | None:
+        """``time.monotonic()`` when the current ``kubelet.sock`` file appeared (before it listened)."""
+        return self._socket.created_at
+
     def watch(self, name: str) -> asyncio.Queue[Arrival]:
         """The queue of ``(arrived, message)`` for ``name``, from now on."""
         return self._arrivals.setdefault(name, asyncio.Queue())

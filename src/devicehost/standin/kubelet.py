@@ -60,8 +60,7 @@ class KubeletStandIn(DeviceManager):
     ``pod_resources_socket`` also serves the pod-resources API there
     (:mod:`~devicehost.standin.pod_resources`), fed by :meth:`allocate` and :meth:`release_pod`,
     and keeps the checkpoint file up to date.
-    Each start binds ``kubelet.sock`` and listens ``listen_delay`` seconds later, refusing
-    connections in between, as a kubelet scheduled out between ``bind`` and ``listen`` does.
+    Each start binds ``kubelet.sock`` ``listen_delay`` s before it listens (connects refused).
 
     Waits and plugin calls take a ``timeout`` (the real kubelet has none; tests need one),
     hence the ``noqa: ASYNC109`` on those signatures.
@@ -113,8 +112,7 @@ class KubeletStandIn(DeviceManager):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Clean the dir except the checkpoint, then serve ``kubelet.sock`` (a new inode); returns
-        once it accepts connections."""
+        """Clean the dir but the checkpoint, then serve a new ``kubelet.sock``; returns once it listens."""
         self._socket.clean_dir()
         if self.plugins_registry_dir is not None:
             if self._watcher_enabled and self._deprecation_file:
@@ -135,11 +133,6 @@ class KubeletStandIn(DeviceManager):
         if self.pod_resources_socket is not None:
             await self.pod_resources.serve(self.pod_resources_socket)
         self._log.info("kubelet started", socket=str(self.socket_path))
-
-    @property
-    def socket_created_at(self) -> float | None:
-        """``time.monotonic()`` when the current ``kubelet.sock`` file appeared (before it listened)."""
-        return self._socket.created_at
 
     async def stop(self) -> None:
         """Stop serving and close every plugin connection; no task is left running."""

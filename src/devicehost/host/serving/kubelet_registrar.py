@@ -9,7 +9,6 @@ the socket disappears, or the kubelet drops the stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -61,8 +60,7 @@ class KubeletRegistrar(RegistrarLoop):
         self._registered_at = 0.0
         self._lost_soon: _LostSoon | None = None
         """A stream the kubelet ended soon after its registration, not yet told in the log."""
-        self._socket_gone = asyncio.Event()
-        """Set when the dir watch finds our socket file gone."""
+        self._socket_gone = asyncio.Event()  # the dir watch found our socket file gone
 
     @property
     def registered(self) -> bool:
@@ -164,14 +162,6 @@ class KubeletRegistrar(RegistrarLoop):
         delay, changed = self._backoff.fail(LOST_SOON)
         self._lost_soon = _LostSoon(generation, held, delay, changed)
         return await self._wait(delay)
-
-    async def _wait(self, seconds: float) -> bool:
-        """Sleep ``seconds`` unless woken first; True when woken."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._wake.wait()
-                return True
-        return False
 
     async def _register(self, generation: int, reason: str) -> None:
         """End the old streams, start a new epoch, and register once."""

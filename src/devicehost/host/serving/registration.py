@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -173,6 +174,14 @@ class RegistrarLoop(abc.ABC):
         if epoch == self._endpoint.streams.epoch:
             self._stream_lost = True
             self._wake.set()
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless woken first; True when woken."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+                return True
+        return False
 
     @abc.abstractmethod
     def _on_dir_change(self, changed: str | None) -> None:
