@@ -10,7 +10,7 @@ hooks and the health poll, and serves no DevicePlugin socket.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,8 +64,7 @@ class ResourceServer:
         self.device_plugin = device_plugin  # False: served through DRA only
         self.name = resource.name
         self.health_interval = interval
-        self.table = DeviceTable(resource.devices)
-        self.table.set_counter_sets(resource.counter_sets)
+        self.table = DeviceTable(resource.devices, resource.counter_sets)
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
         self.socket = ServedSocket(
@@ -152,13 +151,7 @@ class ResourceServer:
         pushed or polled state. Every source reports changes, and the latest change wins.
         """
         self.table.set_counter_sets(resource.counter_sets)
-        current = {d.id: d for d in self.table.devices}
-        merged = tuple(
-            replace(d, health=current[d.id].health)
-            if d.id in current and self._discovered_health.get(d.id) == d.health
-            else d
-            for d in resource.devices
-        )
+        merged = keep_newer_health(self.table.devices, self._discovered_health, resource.devices)
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.apply_devices(merged)
 
@@ -213,3 +206,15 @@ async def _poll_health(server: ResourceServer) -> None:
             server.log.error("health hook failed", error=str(exc))
             continue
         server.apply_health(health)
+
+
+def keep_newer_health(
+    current: Sequence[Device], discovered: Mapping[str, Health], devices: Sequence[Device]
+) -> tuple[Device, ...]:
+    """``devices`` as rediscovered, each with its current health where discovery reports the
+    same health as it did last time (``discovered``): that says nothing new."""
+    now = {d.id: d for d in current}
+    return tuple(
+        replace(d, health=now[d.id].health) if d.id in now and discovered.get(d.id) == d.health else d
+        for d in devices
+    )

@@ -24,12 +24,14 @@ from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 class DeviceTable:
     """Devices by ID with their health; ``version`` increases on every change."""
 
-    def __init__(self, devices: Sequence[Device]) -> None:
+    def __init__(
+        self, devices: Sequence[Device], counter_sets: Mapping[str, Mapping[str, int | str]] | None = None
+    ) -> None:
         self._devices: dict[str, Device] = {d.id: d for d in devices}
         self.version = 0
         self._changed = asyncio.Event()
         self._message: api_pb2.ListAndWatchResponse | None = None
-        self.counter_sets: dict[str, dict[str, int | str]] = {}
+        self.counter_sets = {name: dict(counters) for name, counters in (counter_sets or {}).items()}
         """The resource's shared counter sets (DRA): counter set -> counter -> amount."""
         self._holds: dict[str, frozenset[str]] = {}
         """Device IDs advertised Unhealthy whatever their health, by why (release, dra)."""
