@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -124,7 +125,7 @@ class Claims:
         )
         if spec_devices:
             try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices))
+                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir(by_resource(devices)))
             except (OSError, ValueError) as exc:
                 await self._release(by_resource(devices), "its CDI spec could not be written")
                 raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
@@ -175,6 +176,11 @@ class Claims:
         if by_resource:
             self.log.warning("allocated devices released again", why=why, devices=dict(by_resource))
 
+    def _cdi_dir(self, resources: Iterable[str]) -> Path | None:
+        """The host's ``cdi_dir``, as it hands it to the backends serving ``resources``."""
+        attached = [self._resources[r] for r in resources if r in self._resources]
+        return attached[0].server.backend.cdi_dir if attached else None
+
     async def _unprepare(self, uid: str) -> None:
         claim = self.checkpoint.claims.get(uid)
         if claim is None:
@@ -188,7 +194,7 @@ class Claims:
             except HookError as exc:
                 raise _ClaimRefused(str(exc)) from None
         with contextlib.suppress(ValueError):
-            cdi.remove_spec(names.cdi_kind(self._driver, uid))
+            cdi.remove_spec(names.cdi_kind(self._driver, uid), self._cdi_dir(claim.by_resource()))
         self.checkpoint.remove(uid)
         for resource, ids in claim.by_resource().items():
             self._resources[resource].server.table.hold(ids, HOLD, False)
