@@ -46,6 +46,12 @@ class Attached:
     follow: asyncio.Task[None]
 
 
+def _cdi_dir(attached: Mapping[str, Attached], resources: Iterable[str]) -> Path | None:
+    """The host's ``cdi_dir``, as it hands it to the backends serving ``resources``."""
+    served = [attached[r] for r in resources if r in attached]
+    return served[0].server.backend.cdi_dir if served else None
+
+
 class Claims:
     """The claims of one driver: prepared through its backends, kept in its checkpoint."""
 
@@ -125,7 +131,9 @@ class Claims:
         )
         if spec_devices:
             try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir(by_resource(devices)))
+                cdi.write_spec(
+                    cdi.Spec(kind=kind, devices=spec_devices), _cdi_dir(self._resources, by_resource(devices))
+                )
             except (OSError, ValueError) as exc:
                 await self._release(by_resource(devices), "its CDI spec could not be written")
                 raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
@@ -176,11 +184,6 @@ class Claims:
         if by_resource:
             self.log.warning("allocated devices released again", why=why, devices=dict(by_resource))
 
-    def _cdi_dir(self, resources: Iterable[str]) -> Path | None:
-        """The host's ``cdi_dir``, as it hands it to the backends serving ``resources``."""
-        attached = [self._resources[r] for r in resources if r in self._resources]
-        return attached[0].server.backend.cdi_dir if attached else None
-
     async def _unprepare(self, uid: str) -> None:
         claim = self.checkpoint.claims.get(uid)
         if claim is None:
@@ -194,7 +197,7 @@ class Claims:
             except HookError as exc:
                 raise _ClaimRefused(str(exc)) from None
         with contextlib.suppress(ValueError):
-            cdi.remove_spec(names.cdi_kind(self._driver, uid), self._cdi_dir(claim.by_resource()))
+            cdi.remove_spec(names.cdi_kind(self._driver, uid), _cdi_dir(self._resources, claim.by_resource()))
         self.checkpoint.remove(uid)
         for resource, ids in claim.by_resource().items():
             self._resources[resource].server.table.hold(ids, HOLD, False)
