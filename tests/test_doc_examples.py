@@ -143,6 +143,9 @@ def steps() -> list[Step]:
         for block in (b for b in of_kind("shell") if b.doc == doc):
             for line in block.text.replace("\\\n", " ").splitlines():
                 words = shlex.split(line, comments=True)
+                substituted = bool(words) and re.match(r"[A-Z_]+=\$\(", words[0]) and words[-1].endswith(")")
+                if substituted:  # VAR=$(command ...): the command is what runs
+                    words[0], words[-1] = words[0].split("$(", 1)[1], words[-1][:-1]
                 subshell = bool(words) and words[0].startswith("(") and words[-1].endswith(")")
                 if subshell:
                     words[0], words[-1] = words[0][1:], words[-1][:-1]
@@ -278,7 +281,8 @@ def test_shell_command(step: Step) -> None:
                     assert cwd is not None, where
                     assert _exists(cwd, target), f"{where}: {kind} {target} does not exist from {cwd}"
         verbs = [w for w in words[1:] if not w.startswith("-") and w != "kube-system"]
-        assert verbs[0] in ("apply", "logs", "describe", "get", "kustomize"), words
+        # create (a Secret from files the block made) and patch change a cluster: checked as apply is
+        assert verbs[0] in ("apply", "logs", "describe", "get", "kustomize", "create", "patch"), words
     elif program == "kustomize":
         # The standalone kustomize is not installed here: test_kustomize_edit_sets_the_image.
         assert words[1:4] == ("edit", "set", "image"), words

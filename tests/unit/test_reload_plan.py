@@ -54,6 +54,7 @@ RESTART_VALUES = {
     "dra_plugins_dir": Path("/elsewhere/plugins"),
     "node_name": "node-a",
     "kubeconfig": Path("/etc/kubeconfig"),
+    "dra_unhealthy_taint": "NoExecute",
 }
 
 
