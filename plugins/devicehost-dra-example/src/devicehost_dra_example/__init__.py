@@ -83,22 +83,16 @@ def gpus(settings: Settings, seed: str) -> Resource:
             "memory": quantity(MEMORY_GI * GI // parts),
             "compute": COMPUTE // parts,
         }
+        shares = [(f"gpu-{i}-partition-{j}", {"partition": j}, part) for j in range(parts)]
+        shares.append((f"gpu-{i}-full", {"full": True}, whole))
         devices.extend(
             Device(
-                f"gpu-{i}-partition-{j}",
-                attributes={**attributes, "partition": j, "partitionable": True},
-                capacity=part,
-                consumes={counters: part},
+                name,
+                attributes={**attributes, **extra, "partitionable": True},
+                capacity=amount,
+                consumes={counters: amount},
             )
-            for j in range(parts)
-        )
-        devices.append(
-            Device(
-                f"gpu-{i}-full",
-                attributes={**attributes, "partitionable": True, "full": True},
-                capacity=whole,
-                consumes={counters: whole},
-            )
+            for name, extra, amount in shares
         )
     return Resource(RESOURCE, tuple(devices), serve_through="dra", counter_sets=counter_sets)
 
