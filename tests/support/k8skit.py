@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -157,6 +157,10 @@ class Kit:
 
     def apply(self, manifest: Mapping[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def apply_all(self, manifests: Sequence[Mapping[str, Any]]) -> None:
+        """Apply the documents in one ``kubectl apply``, in order."""
+        self.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(m) for m in manifests))
 
     def node(self) -> dict[str, Any]:
         nodes = self.get("nodes")["items"]
