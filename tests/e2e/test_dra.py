@@ -5,86 +5,48 @@ other: the widgets appear as a ResourceSlice; a pod with a claim from a Resource
 the example DeviceClass is scheduled and the kubelet calls NodePrepareResources; a kubelet
 restart and a host restart leave the claim prepared; deleting the pod makes the kubelet call
 NodeUnprepareResources, which releases the widget; the host stopping withdraws the slice.
+Beside it the host serves the gizmo fixture backend through DRA with gizmo-1 unhealthy: with the
+kit's gates (DRADeviceTaints off, the API server drops device taints) gizmo-1 is withdrawn, not
+tainted, and the host says so once (tests/e2e/test_dra_taints.py has the gate on: the taint).
 Timings go to the session's report (kit.timings).
 """
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from k8skit import DEVICE_PLUGINS_DIR, Kit, until
+from drahost import DraHost, device_count, dra_config, driver_slices, printed_env
+from k8skit import Kit, until
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "example.com"
 LABEL = {"devicehost-e2e": "dra"}
-ADMIN_KUBECONFIG = "/var/lib/k8s-kit/pki/admin.kubeconfig"
+GIZMO_DRIVER = "gizmos.example.org"
+WITHDRAWN = "unhealthy devices are withdrawn: the API server drops device taints (DRADeviceTaints off)"
 CLAIMS_FILE = Path("/var/lib/kubelet/plugins") / DRIVER / "devicehost-claims.json"
-
-
-@dataclass
-class DraHost:
-    """``devicehost run`` on the node, serving the example backend through DRA; JSON log lines."""
-
-    config: Path
-    log: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = [str(Path(sys.executable).parent / "devicehost"), "run", "--config", str(self.config)]
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def stop(self) -> int:
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        lines = []
-        for line in self.log.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("event") == event:
-                lines.append(entry)
-        return lines
 
 
 @pytest.fixture(scope="module")
 def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost]:
     tmp = tmp_path_factory.mktemp("dra-host")
     node = kit.node()["metadata"]["name"]
-    config = {
-        "enabled_backends": ["example"],
-        "backends": {"example": {"resources": {"example.com/widget": 4}}},
-        "serve_through": {"example": "dra"},
-        "node_name": node,
-        "kubeconfig": ADMIN_KUBECONFIG,
-        "device_plugins_dir": str(DEVICE_PLUGINS_DIR),
-        "log_format": "json",
+    backends: dict[str, dict[str, Any]] = {
+        "example": {"resources": {"example.com/widget": 4}},
+        "gizmo": {"count": 2, "unhealthy": ["gizmo-1"]},
     }
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    config = dra_config(node, backends)
     kit.kubectl("apply", "-f", str(REPO / "deploy/components/dra/deviceclass.yaml"))
-    started = DraHost(tmp / "config.yaml", tmp / "host.log")
-    started.start()
+    started = DraHost.configured(tmp / "config.yaml", tmp / "host.log", config).start()
     try:
         yield started
     finally:  # pods first: the kubelet unprepares their claims through the host
-        if started.process is not None and started.process.poll() is None:
+        if started.running():
             kit.kubectl("delete", "pods", "-l", "devicehost-e2e=dra", "--ignore-not-found", "--wait=true")
         started.stop()
         kit.kubectl("delete", "pods", "-l", "devicehost-e2e=dra", "--ignore-not-found", "--wait=true")
@@ -93,7 +55,7 @@ def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost
 
 
 def slices(kit: Kit) -> list[dict[str, Any]]:
-    return [s for s in kit.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER]
+    return driver_slices(kit, DRIVER)
 
 
 def published(kit: Kit, count: int) -> bool:
@@ -128,6 +90,20 @@ def test_the_widgets_appear_as_a_resource_slice(kit: Kit, host: DraHost) -> None
     assert until(lambda: host.events("registered with the kubelet"), "the kubelet registered the driver", 30)
 
 
+def test_an_unhealthy_device_is_withdrawn_where_the_api_drops_taints(kit: Kit, host: DraHost) -> None:
+    """DRADeviceTaints off (the kit's default): the gizmo its backend reports unhealthy is not
+    published at all, and the host said why, once for the driver."""
+    until(lambda: device_count(kit, GIZMO_DRIVER) == 1, f"a ResourceSlice of {GIZMO_DRIVER}", within=60)
+    (found,) = driver_slices(kit, GIZMO_DRIVER)
+    assert [d["name"] for d in found["spec"]["devices"]] == ["gizmo-0"], found["spec"]
+    assert all("taints" not in d for d in found["spec"]["devices"]), found["spec"]
+    said = [e for e in host.events(WITHDRAWN) if e.get("driver") == GIZMO_DRIVER]
+    assert len(said) == 1, said
+    assert not host.events("unhealthy devices stay published with a taint")
+    kit.notes.append(f"DRA (taints off): {GIZMO_DRIVER} slice devices {[d['name'] for d in found['spec']['devices']]}; "
+                     f"host said: {said[0]['event']}")  # fmt: skip
+
+
 def test_a_pod_with_a_claim_runs_on_a_prepared_widget(kit: Kit, host: DraHost) -> None:
     started = time.monotonic()
     template, pod = claim_pod("widget-user")
@@ -141,15 +117,10 @@ def test_a_pod_with_a_claim_runs_on_a_prepared_widget(kit: Kit, host: DraHost) -
     assert (result["driver"], result["device"]) == (DRIVER, prepared["devices"][0])
     assert list(prepared_claims()) == [claim["metadata"]["uid"]]
     # The claim's CDI spec sets EXAMPLE_WIDGETS; containerd 1.7 (CDI on) puts it in the container.
-    env = until(
-        lambda: [
-            ln for ln in kit.kubectl("logs", "widget-user").splitlines() if ln.startswith("ENV EXAMPLE_")
-        ],
-        "widget-user printing its environment",
-        within=30,
-    )
-    kit.notes.append(f"DRA: widget-user's container env: {' '.join(env)}")
-    assert f"ENV EXAMPLE_WIDGETS={prepared['devices'][0]}" in env, env
+    env = printed_env(kit, "default", "widget-user", "app")
+    shown = sorted(f"ENV {k}={v}" for k, v in env.items() if k.startswith("EXAMPLE_"))
+    kit.notes.append(f"DRA: widget-user's container env: {' '.join(shown)}")
+    assert env.get("EXAMPLE_WIDGETS") == prepared["devices"][0], shown
 
 
 def test_a_kubelet_restart_leaves_the_claim_prepared(kit: Kit, host: DraHost) -> None:

@@ -15,11 +15,7 @@ gate turned on for it and off again after it.
 
 from __future__ import annotations
 
-import json
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,61 +24,20 @@ from typing import Any
 
 import pytest
 import yaml
-from k8skit import DEVICE_PLUGINS_DIR, Kit, until
+from drahost import DraHost, container_env, device_count, event_messages, since, wait_running
+from k8skit import Kit, until
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 DEVICE_CLASS = REPO / "plugins" / "devicehost-dra-example" / "deploy" / "deviceclass.yaml"
-ADMIN_KUBECONFIG = "/var/lib/k8s-kit/pki/admin.kubeconfig"
 DRIVER = "gpu.example.com"
 GPUS = 8
 LABEL = "devicehost-e2e=dra-example"
 GPU_KEY = re.compile(r"^GPU_DEVICE_(\d+)$")
-# The container states that never turn into Running by themselves.
-STUCK = {"ErrImageNeverPull", "CreateContainerError", "CreateContainerConfigError", "CrashLoopBackOff"}
-
-
-class Host:
-    """``devicehost run --backend dra-example`` on the node; its JSON log lines."""
-
-    def __init__(self, node: str, log: Path) -> None:
-        self.log = log
-        command = [
-            str(Path(sys.executable).parent / "devicehost"), "run",
-            "--backend", "dra-example",
-            "--node-name", node,
-            "--kubeconfig", ADMIN_KUBECONFIG,
-            "--device-plugins-dir", str(DEVICE_PLUGINS_DIR),
-            "--log-format", "json",
-        ]  # fmt: skip
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("event") == event:
-                found.append(entry)
-        return found
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
-
-
-def gpu_slices(kit: Kit) -> list[dict[str, Any]]:
-    return [s for s in kit.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER]
 
 
 def published(kit: Kit) -> bool:
-    return sum(len(s["spec"].get("devices", [])) for s in gpu_slices(kit)) == GPUS
+    return device_count(kit, DRIVER) == GPUS
 
 
 def delete_scenarios(kit: Kit) -> None:
@@ -92,26 +47,23 @@ def delete_scenarios(kit: Kit) -> None:
 
 
 @pytest.fixture(scope="module")
-def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost]:
     node = kit.node()["metadata"]["name"]
     kit.kubectl("apply", "-f", str(DEVICE_CLASS))
     started = time.monotonic()
-    gpu_host = Host(node, tmp_path_factory.mktemp("dra-example") / "host.log")
+    gpu_host = DraHost.backend("dra-example", node, tmp_path_factory.mktemp("dra-example") / "host.log")
+    gpu_host.start()
     try:
-        until(lambda: published(kit), f"a ResourceSlice of {DRIVER} with {GPUS} GPUs", within=60)
-        until(lambda: gpu_host.events("registered with the kubelet"), "the kubelet registered it", 30)
-        kit.timings["dra-example: host start -> 8 GPUs published"] = round(time.monotonic() - started, 2)
+        gpu_host.ready(lambda: published(kit), f"a ResourceSlice of {DRIVER} with {GPUS} GPUs")
+        kit.timings["dra-example: host start -> 8 GPUs published"] = since(started)
         delete_scenarios(kit)  # left by a killed run
         yield gpu_host
     finally:
-        if gpu_host.process.poll() is None:
+        if gpu_host.running():
             delete_scenarios(kit)
-        code = gpu_host.stop()
+        gpu_host.stop()
         kit.kubectl("delete", "deviceclass", DRIVER, "gpu-extended.example.com", "--ignore-not-found")
-        problems = gpu_host.events("claim not prepared") + gpu_host.events("claim not unprepared")
-        for entry in problems:
-            kit.notes.append(f"dra-example host: {json.dumps(entry)}")
-        assert code == 0, f"devicehost exited {code}: {gpu_host.log.read_text()[-3000:]}"
+        gpu_host.finish(kit, "dra-example")
 
 
 @contextmanager
@@ -125,52 +77,18 @@ def scenario(kit: Kit, name: str) -> Iterator[list[dict[str, Any]]]:
         kit.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=true", timeout=180)
 
 
-def apply(kit: Kit, docs: Sequence[dict[str, Any]]) -> None:
-    kit.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(d) for d in docs))
-
-
-def wait_running(kit: Kit, namespace: str, pods: Sequence[str], within: float = 120) -> None:
-    def running() -> bool:
-        items = {p["metadata"]["name"]: p for p in kit.get("pods", "-n", namespace)["items"]}
-        for name in pods:
-            status = items.get(name, {}).get("status", {})
-            assert status.get("phase") != "Failed", f"{namespace}/{name} failed: {status}"
-            states = status.get("containerStatuses", []) + status.get("initContainerStatuses", [])
-            stuck = [
-                s["state"]["waiting"] for s in states if s["state"].get("waiting", {}).get("reason") in STUCK
-            ]
-            assert not stuck, f"{namespace}/{name}: {stuck}"
-        return all(items.get(name, {}).get("status", {}).get("phase") == "Running" for name in pods)
-
-    until(running, f"pods {', '.join(pods)} of {namespace} running", within=within)
-
-
 def run_scenario(kit: Kit, name: str, docs: Sequence[dict[str, Any]], pods: Sequence[str]) -> None:
     """Apply ``docs`` and wait until ``pods`` run; the time it took goes to kit.timings."""
     started = time.monotonic()
-    apply(kit, docs)
+    kit.apply_all(docs)
     wait_running(kit, name, pods)
-    kit.timings[f"dra-example {name}: applied -> running"] = round(time.monotonic() - started, 2)
+    kit.timings[f"dra-example {name}: applied -> running"] = since(started)
 
 
-def container_env(kit: Kit, scenario_name: str, pod: str, container: str) -> dict[str, str]:
+def gpu_env(kit: Kit, namespace: str, pod: str, container: str) -> dict[str, str]:
     """The environment the container printed (envsleep's ``ENV KEY=VALUE`` lines); its GPU and DRA
     lines are shown in the session's report."""
-    lines = until(
-        lambda: [
-            ln
-            for ln in kit.logs("-n", scenario_name, pod, "-c", container).splitlines()
-            if ln.startswith("ENV ")
-        ],
-        f"{scenario_name}/{pod}/{container} printing its environment",
-        within=30,
-    )
-    env = dict(line.removeprefix("ENV ").partition("=")[::2] for line in lines)
-    shown = sorted(f"{k}={v}" for k, v in env.items() if k.startswith(("GPU_DEVICE_", "DRA_")))
-    kit.notes.append(f"dra-example {scenario_name} {pod}/{container}: {' '.join(shown)}")
-    print(f"{scenario_name} {pod}/{container}:", *shown, sep="\n  ")
-    assert env.get("DRA_RESOURCE_DRIVER_NAME") == DRIVER, shown
-    return env
+    return container_env(kit, "dra-example", namespace, pod, container, DRIVER)
 
 
 def gpus(env: dict[str, str]) -> list[str]:
@@ -208,7 +126,7 @@ def assert_shared(
     that GPU and each member's environment."""
     seen, envs = set(), []
     for pod, container in members:
-        env = container_env(kit, namespace, pod, container)
+        env = gpu_env(kit, namespace, pod, container)
         (gpu,) = gpus(env)
         seen.add(gpu)
         envs.append(env)
@@ -218,13 +136,13 @@ def assert_shared(
     return seen.pop(), envs
 
 
-def test_one_distinct_gpu_per_pod(kit: Kit, host: Host) -> None:
+def test_one_distinct_gpu_per_pod(kit: Kit, host: DraHost) -> None:
     name = "gpu-one-per-pod"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0", "pod1"])
         observed: dict[str, str] = {}
         for pod in ("pod0", "pod1"):
-            env = container_env(kit, name, pod, "ctr0")
+            env = gpu_env(kit, name, pod, "ctr0")
             (gpu,) = gpus(env)
             assert gpu not in observed, f"{pod} got {gpu}, already {observed[gpu]}'s"
             observed[gpu] = pod
@@ -234,18 +152,18 @@ def test_one_distinct_gpu_per_pod(kit: Kit, host: Host) -> None:
             assert env["DRA_ADMIN_ACCESS"] == "false"
 
 
-def test_two_gpus_in_one_container(kit: Kit, host: Host) -> None:
+def test_two_gpus_in_one_container(kit: Kit, host: DraHost) -> None:
     name = "gpu-two-in-one-container"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0"])
-        env = container_env(kit, name, "pod0", "ctr0")
+        env = gpu_env(kit, name, "pod0", "ctr0")
         found = gpus(env)
         assert len(found) == 2, found  # distinct: one GPU_DEVICE_<n> key each
         uid = claim_uid(kit, name, "pod0", "gpus")
         assert all(gpu_property(env, gpu, "RESOURCE_CLAIM") == uid for gpu in found), env
 
 
-def test_one_gpu_shared_across_containers(kit: Kit, host: Host) -> None:
+def test_one_gpu_shared_across_containers(kit: Kit, host: DraHost) -> None:
     name = "gpu-shared-across-containers"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0"])
@@ -253,7 +171,7 @@ def test_one_gpu_shared_across_containers(kit: Kit, host: Host) -> None:
         assert_shared(kit, name, members, "TimeSlicing", "TIMESLICE_INTERVAL", "Default")
 
 
-def test_one_gpu_shared_across_pods(kit: Kit, host: Host) -> None:
+def test_one_gpu_shared_across_pods(kit: Kit, host: DraHost) -> None:
     name = "gpu-shared-across-pods"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0", "pod1"])
@@ -263,7 +181,7 @@ def test_one_gpu_shared_across_pods(kit: Kit, host: Host) -> None:
         assert [gpu_property(env, gpu, "RESOURCE_CLAIM") for env in envs] == [uid, uid]
 
 
-def test_one_gpu_shared_with_an_init_container(kit: Kit, host: Host) -> None:
+def test_one_gpu_shared_with_an_init_container(kit: Kit, host: DraHost) -> None:
     name = "gpu-shared-with-init-container"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0"])
@@ -271,7 +189,7 @@ def test_one_gpu_shared_with_an_init_container(kit: Kit, host: Host) -> None:
         assert_shared(kit, name, members, "TimeSlicing", "TIMESLICE_INTERVAL", "Default")
 
 
-def test_time_slicing_and_space_partitioning_from_claim_config(kit: Kit, host: Host) -> None:
+def test_time_slicing_and_space_partitioning_from_claim_config(kit: Kit, host: DraHost) -> None:
     name = "gpu-sharing-from-claim-config"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0"])
@@ -282,30 +200,30 @@ def test_time_slicing_and_space_partitioning_from_claim_config(kit: Kit, host: H
         assert ts_gpu != sp_gpu
 
 
-def test_admin_access(kit: Kit, host: Host) -> None:
+def test_admin_access(kit: Kit, host: DraHost) -> None:
     name = "gpu-admin-access"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0"])
-        env = container_env(kit, name, "pod0", "ctr0")
+        env = gpu_env(kit, name, "pod0", "ctr0")
         assert env["DRA_ADMIN_ACCESS"] == "true"
         assert gpus(env) == sorted(f"gpu-{i}" for i in range(GPUS))  # allocationMode: All
 
 
-def test_selection_by_cel(kit: Kit, host: Host) -> None:
+def test_selection_by_cel(kit: Kit, host: DraHost) -> None:
     name = "gpu-cel-selector"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0"])
-        env = container_env(kit, name, "pod0", "ctr0")
+        env = gpu_env(kit, name, "pod0", "ctr0")
         assert gpus(env) == ["gpu-1"]  # the one whose index attribute is 1
 
 
-def test_first_available_prefers_the_first_subrequest_and_falls_back(kit: Kit, host: Host) -> None:
+def test_first_available_prefers_the_first_subrequest_and_falls_back(kit: Kit, host: DraHost) -> None:
     name = "gpu-first-available"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0", "pod1"])
         observed: dict[str, str] = {}
         for pod, chosen in (("pod0", "gpu/any-gpu"), ("pod1", "gpu/latest-model")):
-            env = container_env(kit, name, pod, "ctr0")
+            env = gpu_env(kit, name, pod, "ctr0")
             (gpu,) = gpus(env)
             assert gpu not in observed, f"{pod} got {gpu}, already {observed[gpu]}'s"
             observed[gpu] = pod
@@ -321,22 +239,17 @@ def test_first_available_prefers_the_first_subrequest_and_falls_back(kit: Kit, h
             kit.notes.append(f"dra-example {name} {pod}: allocated by request {results[0]['request']}")
 
 
-def test_an_invalid_claim_config_is_refused_naming_the_key(kit: Kit, host: Host) -> None:
+def test_an_invalid_claim_config_is_refused_naming_the_key(kit: Kit, host: DraHost) -> None:
     name = "gpu-invalid-config"
     with scenario(kit, name) as docs:
         invalid = [d for d in docs if d["metadata"]["name"] not in {"medium", "valid-pod"}]
         valid = [d for d in docs if d["metadata"]["name"] in {"medium", "valid-pod"}]
         started = time.monotonic()
-        apply(kit, invalid)
+        kit.apply_all(invalid)
 
         def refused() -> list[str]:
-            events = kit.get("events", "-n", name, "--field-selector", "involvedObject.name=invalid-pod")
-            return [
-                e["message"]
-                for e in events["items"]
-                if e["reason"] == "FailedPrepareDynamicResources"
-                and "sharing.timeSlicingConfig.interval" in e["message"]
-            ]
+            found = event_messages(kit, name, "invalid-pod", "FailedPrepareDynamicResources")
+            return [m for m in found if "sharing.timeSlicingConfig.interval" in m]
 
         (message, *_) = until(refused, "FailedPrepareDynamicResources naming the key", within=90)
         kit.timings[f"dra-example {name}: applied -> FailedPrepareDynamicResources"] = round(
@@ -345,7 +258,7 @@ def test_an_invalid_claim_config_is_refused_naming_the_key(kit: Kit, host: Host)
         kit.notes.append(f"dra-example {name} invalid-pod event: {message}")
         print(f"{name} invalid-pod FailedPrepareDynamicResources: {message}")
         run_scenario(kit, name, valid, ["valid-pod"])
-        env = container_env(kit, name, "valid-pod", "ctr0")
+        env = gpu_env(kit, name, "valid-pod", "ctr0")
         (gpu,) = gpus(env)
         assert gpu_property(env, gpu, "TIMESLICE_INTERVAL") == "Medium"
         pod = kit.get("pod", "-n", name, "invalid-pod")["status"]
@@ -357,7 +270,7 @@ def test_an_invalid_claim_config_is_refused_naming_the_key(kit: Kit, host: Host)
 
 
 @pytest.fixture(scope="module")
-def extended_resources(kit: Kit, host: Host) -> Iterator[Kit]:
+def extended_resources(kit: Kit, host: DraHost) -> Iterator[Kit]:
     """DRAExtendedResource on for the rest of the module; the kit's gates (none) again after."""
     registered = len(host.events("registered with the kubelet"))
     started = time.monotonic()
@@ -379,14 +292,14 @@ def extended_resources(kit: Kit, host: Host) -> Iterator[Kit]:
         until(lambda: len(host.events("registered with the kubelet")) > registered, "registered again", 60)
 
 
-def test_extended_resource_requests_get_gpus_through_dra(extended_resources: Kit, host: Host) -> None:
+def test_extended_resource_requests_get_gpus_through_dra(extended_resources: Kit, host: DraHost) -> None:
     kit, name = extended_resources, "gpu-extended-resource"
     with scenario(kit, name) as docs:
         run_scenario(kit, name, docs, ["pod0", "pod1"])
         observed: dict[str, str] = {}
         wanted = {"pod0": f"deviceclass.resource.kubernetes.io/{DRIVER}", "pod1": "example.com/gpu"}
         for pod, resource in wanted.items():
-            env = container_env(kit, name, pod, "ctr0")
+            env = gpu_env(kit, name, pod, "ctr0")
             (gpu,) = gpus(env)
             assert gpu not in observed, f"{pod} got {gpu}, already {observed[gpu]}'s"
             observed[gpu] = pod

@@ -12,10 +12,6 @@ off again at the end (the kit starts them without any).
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from k8skit import DEVICE_PLUGINS_DIR, Kit, pod_manifest, until
+from drahost import DraHost, dra_config, feature_gates
+from k8skit import Kit, pod_manifest, until
 
 REPO = Path(__file__).resolve().parents[2]
-ADMIN_KUBECONFIG = "/var/lib/k8s-kit/pki/admin.kubeconfig"
 GATES = {"DRAExtendedResource": True, "ResourceHealthStatus": True}
 LABEL = {"devicehost-e2e": "dra-gates"}
 GIZMO_CLASS = {
@@ -38,69 +34,35 @@ GIZMO_CLASS = {
 
 
 def host_config(node: str, unhealthy: list[str]) -> dict[str, Any]:
-    return {
-        "enabled_backends": ["example", "gizmo"],
-        "backends": {
-            "example": {"resources": {"example.com/widget": 2}},
-            "gizmo": {"count": 2, "unhealthy": unhealthy},
-        },
-        "serve_through": {"example": "dra", "gizmo": "dra"},
-        "node_name": node,
-        "kubeconfig": ADMIN_KUBECONFIG,
-        "device_plugins_dir": str(DEVICE_PLUGINS_DIR),
-        "health_interval": 1,
-        "log_format": "json",
+    backends: dict[str, dict[str, Any]] = {
+        "example": {"resources": {"example.com/widget": 2}},
+        "gizmo": {"count": 2, "unhealthy": unhealthy},
     }
-
-
-class Host:
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config, self.log = config, log
-        command = [str(Path(sys.executable).parent / "devicehost"), "run", "--config", str(config)]
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text().splitlines():
-            entry = json.loads(line) if line.startswith("{") else {}
-            if entry.get("event") == event:
-                found.append(entry)
-        return found
+    return dra_config(node, backends, health_interval=1)
 
 
 @pytest.fixture(scope="module")
 def gated(kit: Kit) -> Iterator[Kit]:
-    started = time.monotonic()
-    kit.set_feature_gates(GATES)
-    kit.timings["DRA gates on (4 daemons restarted)"] = round(time.monotonic() - started, 1)
-    try:
+    with feature_gates(kit, GATES, "DRA gates on (4 daemons restarted)"):
         yield kit
-    finally:
-        kit.set_feature_gates({})
 
 
 @pytest.fixture(scope="module")
-def host(gated: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+def host(gated: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost]:
     kit = gated
     tmp = tmp_path_factory.mktemp("dra-gates")
     node = kit.node()["metadata"]["name"]
-    (tmp / "config.yaml").write_text(yaml.safe_dump(host_config(node, [])))
     widget_class = yaml.safe_load((REPO / "deploy/components/dra/deviceclass.yaml").read_text())
     widget_class["spec"]["extendedResourceName"] = "example.com/widget"
     kit.apply(widget_class)
     kit.apply(GIZMO_CLASS)
-    host = Host(tmp / "config.yaml", tmp / "host.log")
+    host = DraHost.configured(tmp / "config.yaml", tmp / "host.log", host_config(node, [])).start()
     try:
         until(lambda: len(host.events("registered with the kubelet")) == 2, "both drivers registered", 60)
         yield host
     finally:  # pods first: the kubelet unprepares their claims through the host
         kit.kubectl("delete", "pods", "-l", "devicehost-e2e=dra-gates", "--ignore-not-found", "--wait=true")
-        if host.process.poll() is None:
-            host.process.send_signal(signal.SIGTERM)
-        host.process.wait(timeout=30)
+        host.stop()
         kit.kubectl("delete", "resourceclaimtemplate", "one-gizmo", "--ignore-not-found")
         kit.kubectl(
             "delete", "deviceclass", "widget.example.com", "gizmo.gizmos.example.org", "--ignore-not-found"
@@ -111,7 +73,7 @@ def pod(name: str, **spec: Any) -> dict[str, Any]:
     return pod_manifest(name, "localhost/envsleep:v1", LABEL, **spec)
 
 
-def test_a_pod_asking_for_the_extended_resource_gets_a_widget_through_dra(gated: Kit, host: Host) -> None:
+def test_a_pod_asking_for_the_extended_resource_gets_a_widget_through_dra(gated: Kit, host: DraHost) -> None:
     kit = gated
     started = time.monotonic()
     kit.run_pod(pod("extended", container={"resources": {"limits": {"example.com/widget": 1}}}), within=120)
@@ -126,7 +88,7 @@ def test_a_pod_asking_for_the_extended_resource_gets_a_widget_through_dra(gated:
     until(lambda: host.events("claim unprepared"), "the scheduler's claim unprepared", within=60)
 
 
-def test_an_unhealthy_device_shows_in_the_pod_status(gated: Kit, host: Host) -> None:
+def test_an_unhealthy_device_shows_in_the_pod_status(gated: Kit, host: DraHost) -> None:
     kit = gated
     template = {
         "apiVersion": "resource.k8s.io/v1",
@@ -167,8 +129,7 @@ def test_an_unhealthy_device_shows_in_the_pod_status(gated: Kit, host: Host) -> 
     device_id = f"gizmos.example.org/claim-{prepared['uid']}=gizmo.gizmo"  # <request>.<class>
     until(lambda: health().get(device_id) == "Healthy", f"{device_id} Healthy in the pod status", within=60)
     started = time.monotonic()
-    host.config.write_text(yaml.safe_dump(host_config(kit.node()["metadata"]["name"], [gizmo])))
-    host.process.send_signal(signal.SIGHUP)
+    host.reload(host_config(kit.node()["metadata"]["name"], [gizmo]))
     until(
         lambda: health().get(device_id) == "Unhealthy", f"{device_id} Unhealthy in the pod status", within=60
     )

@@ -16,73 +16,32 @@ API server drops ``sharedCounters``/``consumesCounters`` from the slices). Times
 
 from __future__ import annotations
 
-import json
 import re
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from k8skit import DEVICE_PLUGINS_DIR, Kit, until
+from drahost import DraHost, container_env, driver_slices, feature_gates, first_event, since
+from drahost import wait_running as pods_running
+from k8skit import Kit, until
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = Path(__file__).resolve().parent / "manifests" / "gpu-partitions.yaml"
 DEVICE_CLASS = REPO / "plugins" / "devicehost-dra-example" / "deploy" / "deviceclass.yaml"
-ADMIN_KUBECONFIG = "/var/lib/k8s-kit/pki/admin.kubeconfig"
 DRIVER = "gpu.example.com"
 NAMESPACE = "gpu-partitions"
 SETTINGS = {"dra-example": {"num_gpus": 1, "gpu_partitions": 4}}
 GATES = {"DRAPartitionableDevices": True}
 PARTITIONS = [f"gpu-0-partition-{j}" for j in range(4)]
 PARTITION_KEY = re.compile(r"^GPU_DEVICE_0_PARTITION_(\d+)$")
-STUCK = {"ErrImageNeverPull", "CreateContainerError", "CreateContainerConfigError", "CrashLoopBackOff"}
-
-
-class Host:
-    """``devicehost run --backend dra-example`` with the partition settings; its JSON log."""
-
-    def __init__(self, node: str, log: Path) -> None:
-        self.log = log
-        command = [
-            str(Path(sys.executable).parent / "devicehost"), "run",
-            "--backend", "dra-example",
-            "--backend-settings", json.dumps(SETTINGS),
-            "--node-name", node,
-            "--kubeconfig", ADMIN_KUBECONFIG,
-            "--device-plugins-dir", str(DEVICE_PLUGINS_DIR),
-            "--log-format", "json",
-        ]  # fmt: skip
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text().splitlines():
-            entry = json.loads(line) if line.startswith("{") else {}
-            if entry.get("event") == event:
-                found.append(entry)
-        return found
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=30)
-
-
-def gpu_slices(kit: Kit) -> list[dict[str, Any]]:
-    return [s for s in kit.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER]
 
 
 def published(kit: Kit) -> list[dict[str, Any]] | None:
     """The driver's slices once they are the partition profile's two (counters, 5 devices)."""
-    slices = gpu_slices(kit)
+    slices = driver_slices(kit, DRIVER)
     devices = sum(len(s["spec"].get("devices", [])) for s in slices)
     counters = sum(len(s["spec"].get("sharedCounters", [])) for s in slices)
     return slices if (len(slices), devices, counters) == (2, 5, 1) else None
@@ -97,39 +56,30 @@ def delete_pods(kit: Kit, *pods: str) -> None:
 @pytest.fixture(scope="module")
 def gated(kit: Kit) -> Iterator[Kit]:
     """DRAPartitionableDevices on for this module; the kit's gates (none) again after it."""
-    started = time.monotonic()
-    kit.set_feature_gates(GATES)
-    kit.timings["dra-partitions: DRAPartitionableDevices on (4 daemons restarted)"] = round(
-        time.monotonic() - started, 1
-    )
-    try:
+    with feature_gates(kit, GATES, "dra-partitions: DRAPartitionableDevices on (4 daemons restarted)"):
         yield kit
-    finally:
-        kit.set_feature_gates({})
 
 
 @pytest.fixture(scope="module")
-def host(gated: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+def host(gated: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost]:
     kit = gated
     node = kit.node()["metadata"]["name"]
     kit.kubectl("apply", "-f", str(DEVICE_CLASS))
     kit.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=180)
     started = time.monotonic()
-    gpu_host = Host(node, tmp_path_factory.mktemp("dra-partitions") / "host.log")
+    log = tmp_path_factory.mktemp("dra-partitions") / "host.log"
+    gpu_host = DraHost.backend("dra-example", node, log, SETTINGS).start()
     try:
-        until(lambda: published(kit), "the counter slice and the 5 partition devices published", 60)
-        until(lambda: gpu_host.events("registered with the kubelet"), "the kubelet registered it", 30)
-        kit.timings["dra-partitions: host start -> pool published"] = round(time.monotonic() - started, 2)
+        gpu_host.ready(lambda: published(kit), "the counter slice and the 5 partition devices published")
+        kit.timings["dra-partitions: host start -> pool published"] = since(started)
         yield gpu_host
     finally:
-        if gpu_host.process.poll() is None:
+        if gpu_host.running():
             delete_pods(kit)
         kit.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=180)
-        code = gpu_host.stop()
+        gpu_host.stop()
         kit.kubectl("delete", "deviceclass", DRIVER, "--ignore-not-found")
-        for entry in gpu_host.events("claim not prepared") + gpu_host.events("claim not unprepared"):
-            kit.notes.append(f"dra-partitions host: {json.dumps(entry)}")
-        assert code == 0, f"devicehost exited {code}: {gpu_host.log.read_text()[-3000:]}"
+        gpu_host.finish(kit, "dra-partitions")
 
 
 def docs(*names: str) -> list[dict[str, Any]]:
@@ -138,43 +88,19 @@ def docs(*names: str) -> list[dict[str, Any]]:
     return [d for d in found if not names or d["metadata"]["name"] in names]
 
 
-def apply(kit: Kit, documents: Sequence[dict[str, Any]]) -> None:
-    kit.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(d) for d in documents))
-
-
 def pod_status(kit: Kit, pod: str) -> dict[str, Any]:
     status: dict[str, Any] = kit.get("pod", "-n", NAMESPACE, pod).get("status", {})
     return status
 
 
 def wait_running(kit: Kit, pod: str, what: str, started: float, within: float = 120) -> None:
-    def running() -> bool:
-        status = pod_status(kit, pod)
-        assert status.get("phase") != "Failed", f"{pod} failed: {status}"
-        waiting = [s["state"].get("waiting", {}) for s in status.get("containerStatuses", [])]
-        stuck = [w for w in waiting if w.get("reason") in STUCK]
-        assert not stuck, f"{pod}: {stuck}"
-        return status.get("phase") == "Running"
-
-    until(running, f"{NAMESPACE}/{pod} running", within=within)
-    kit.timings[f"dra-partitions {what}"] = round(time.monotonic() - started, 2)
+    pods_running(kit, NAMESPACE, [pod], within=within)
+    kit.timings[f"dra-partitions {what}"] = since(started)
 
 
-def container_env(kit: Kit, pod: str) -> dict[str, str]:
+def gpu_env(kit: Kit, pod: str) -> dict[str, str]:
     """What ctr0 printed (``ENV KEY=VALUE``); its GPU lines go to the report."""
-    lines = until(
-        lambda: [
-            ln for ln in kit.logs("-n", NAMESPACE, pod, "-c", "ctr0").splitlines() if ln.startswith("ENV ")
-        ],
-        f"{NAMESPACE}/{pod} printing its environment",
-        within=30,
-    )
-    env = dict(line.removeprefix("ENV ").partition("=")[::2] for line in lines)
-    shown = sorted(f"{k}={v}" for k, v in env.items() if k.startswith(("GPU_DEVICE_", "DRA_")))
-    kit.notes.append(f"dra-partitions {pod}/ctr0: {' '.join(shown)}")
-    print(f"{pod}/ctr0:", *shown, sep="\n  ")
-    assert env.get("DRA_RESOURCE_DRIVER_NAME") == DRIVER, shown
-    return env
+    return container_env(kit, "dra-partitions", NAMESPACE, pod, "ctr0", DRIVER)
 
 
 def partitions(env: dict[str, str]) -> list[str]:
@@ -196,12 +122,7 @@ def allocated(kit: Kit, pod: str) -> list[str]:
     return sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
 
 
-def failed_scheduling(kit: Kit, pod: str) -> list[str]:
-    events = kit.get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={pod}")
-    return [e["message"] for e in events["items"] if e["reason"] == "FailedScheduling"]
-
-
-def test_the_pool_has_a_counter_slice_and_a_device_slice(kit: Kit, host: Host) -> None:
+def test_the_pool_has_a_counter_slice_and_a_device_slice(kit: Kit, host: DraHost) -> None:
     slices = until(lambda: published(kit), "the partition pool", within=30)
     pools = {s["spec"]["pool"]["name"] for s in slices}
     assert len(pools) == 1, pools
@@ -235,29 +156,29 @@ def test_the_pool_has_a_counter_slice_and_a_device_slice(kit: Kit, host: Host) -
     )
 
 
-def test_partitions_and_the_full_gpu_never_exceed_the_counters(kit: Kit, host: Host) -> None:
+def test_partitions_and_the_full_gpu_never_exceed_the_counters(kit: Kit, host: DraHost) -> None:
     # (b) the reference scenario: one pod, one container, two partitions of the same GPU
-    apply(kit, docs(NAMESPACE, "two-partitions", "full-gpu"))
+    kit.apply_all(docs(NAMESPACE, "two-partitions", "full-gpu"))
     started = time.monotonic()
-    apply(kit, docs("pod0"))
+    kit.apply_all(docs("pod0"))
     wait_running(kit, "pod0", "pod0 (2 partitions): applied -> running", started)
-    first = partitions(container_env(kit, "pod0"))
+    first = partitions(gpu_env(kit, "pod0"))
     assert len(first) == 2, first
     assert first == allocated(kit, "pod0")
 
     # (c) the full GPU needs every counter: it cannot be placed while two partitions are held
     started = time.monotonic()
-    apply(kit, docs("pod-full"))
-    (message, *_) = until(lambda: failed_scheduling(kit, "pod-full"), "pod-full FailedScheduling", 90)
-    kit.timings["dra-partitions pod-full: applied -> FailedScheduling"] = round(time.monotonic() - started, 2)
+    kit.apply_all(docs("pod-full"))
+    message = first_event(kit, NAMESPACE, "pod-full", "FailedScheduling")
+    kit.timings["dra-partitions pod-full: applied -> FailedScheduling"] = since(started)
     kit.notes.append(f"dra-partitions pod-full FailedScheduling (2 partitions held): {message}")
     print(f"pod-full FailedScheduling: {message}")
 
     # two more partitions still fit: 4 x 20Gi = the GPU's 80Gi
     started = time.monotonic()
-    apply(kit, docs("pod1"))
+    kit.apply_all(docs("pod1"))
     wait_running(kit, "pod1", "pod1 (2 more partitions): applied -> running", started)
-    second = partitions(container_env(kit, "pod1"))
+    second = partitions(gpu_env(kit, "pod1"))
     assert len(second) == 2, second
     assert not set(first) & set(second), (first, second)
     assert sorted(first + second) == PARTITIONS
@@ -269,7 +190,7 @@ def test_partitions_and_the_full_gpu_never_exceed_the_counters(kit: Kit, host: H
     started = time.monotonic()
     delete_pods(kit, "pod0", "pod1")
     wait_running(kit, "pod-full", "pod-full: partition pods deleted -> running", started, within=240)
-    env = container_env(kit, "pod-full")
+    env = gpu_env(kit, "pod-full")
     assert env.get("GPU_DEVICE_0_FULL") == "gpu-0-full", env
     assert not [k for k in env if PARTITION_KEY.match(k)], env
     assert allocated(kit, "pod-full") == ["gpu-0-full"]

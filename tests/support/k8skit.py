@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -158,6 +158,10 @@ class Kit:
     def apply(self, manifest: Mapping[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
 
+    def apply_all(self, manifests: Sequence[Mapping[str, Any]]) -> None:
+        """Apply the documents in one ``kubectl apply``, in order."""
+        self.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(m) for m in manifests))
+
     def node(self) -> dict[str, Any]:
         nodes = self.get("nodes")["items"]
         assert len(nodes) == 1, f"the kit runs one node, the API server lists {len(nodes)}"
@@ -178,14 +182,20 @@ class Kit:
 
         until(reached, f"{name}: capacity {capacity}, allocatable {allocatable}", within)
 
-    def set_feature_gates(self, gates: Mapping[str, bool]) -> None:
+    def set_feature_gates(
+        self, gates: Mapping[str, bool], runtime_config: Mapping[str, bool] | None = None
+    ) -> None:
         """Restart the control plane and the kubelet with ``--feature-gates`` (an empty mapping
         restarts them without); each keeps the rest of the command line up.sh gave it.
+        ``runtime_config`` (alpha API versions, ``{"resource.k8s.io/v1alpha3": True}``) replaces
+        the API server's ``--runtime-config`` (an empty mapping: none); None keeps what it has.
 
-        The kit has no setting for gates, so each daemon is restarted the way up.sh started it:
+        The kit reads its settings (K8S_KIT_FEATURE_GATES, K8S_KIT_RUNTIME_CONFIG) only in up.sh,
+        so each daemon is restarted the way up.sh started it:
         detached, in its own session, with the same log and pid file; down.sh stops it as usual.
         """
         flag = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))
+        apis = ",".join(f"{name}={str(on).lower()}" for name, on in sorted((runtime_config or {}).items()))
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         commands = {}
         for daemon in GATED_DAEMONS:  # every command line first: stopping one may end another
@@ -197,6 +207,9 @@ class Kit:
         for daemon in GATED_DAEMONS:
             argv = commands[daemon][1]
             argv = [*argv, f"--feature-gates={flag}"] if flag else argv
+            if daemon == "kube-apiserver" and runtime_config is not None:
+                argv = [a for a in argv if not a.startswith("--runtime-config=")]
+                argv = [*argv, f"--runtime-config={apis}"] if apis else argv
             # as up.sh starts it: setsid in the background, its pid echoed, the shell gone at once
             # (the daemon belongs to init, not to this process)
             detach = 'setsid "$@" >>"$0" 2>&1 </dev/null & echo $!'
