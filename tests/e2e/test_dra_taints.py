@@ -480,12 +480,6 @@ def test_an_unhealthy_device_is_published_with_a_taint_until_it_recovers(
         assert prepared["devices"] == ["gizmo-1"], prepared
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the host refuses to prepare a claim on an unhealthy device even when the claim tolerates "
-    "its taint (FailedPrepareDynamicResources: device 'gizmo-1' of pool '<node>/gizmo' is unhealthy; "
-    "src/devicehost/host/dra/claims.py pick); seen on v1.35.6",
-)
 def test_a_claim_tolerating_the_taint_runs_on_the_unhealthy_device(kit: Kit, gizmo_host: DraHost) -> None:
     name = "gizmo-unhealthy"
     node = kit.node()["metadata"]["name"]

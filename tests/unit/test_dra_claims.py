@@ -20,6 +20,7 @@ from drafakes import (
     fake_server,
     holds_of,
     no_holds,
+    widgets,
 )
 from pydantic import BaseModel, ConfigDict
 
@@ -325,11 +326,11 @@ async def test_unprepare_releases_removes_the_spec_and_forgets_the_claim(
         await rig.prepared(ref)
         kind = f"{DRIVER}/claim-{ref[1]}"
         assert cdi.spec_path(kind).exists()
-        assert rig.claims.held(WIDGET) == ("w0", "w1")
+        assert rig.claims.checkpoint.held() == {(WIDGET, "w0"), (WIDGET, "w1")}
         assert await rig.claims.unprepare([ref]) == {ref[1]: ""}
         assert rig.plugin.released == [(WIDGET, ("w0", "w1"))]
         assert not cdi.spec_path(kind).exists()
-        assert rig.claims.held(WIDGET) == ()
+        assert rig.claims.checkpoint.held() == set()
         assert await rig.claims.unprepare([ref]) == {ref[1]: ""}  # asked again: nothing more to undo
         assert rig.plugin.released == [(WIDGET, ("w0", "w1"))]
 
@@ -451,3 +452,14 @@ async def test_an_api_server_that_does_not_answer_fails_the_claim_not_the_call(
         answers = await rig.claims.prepare([stuck, good])
     assert isinstance(answers[good[1]], PreparedClaim)
     assert answers[stuck[1]] == "reading ResourceClaim default/stuck: no answer within 0.05 s"
+
+
+async def test_an_unhealthy_device_is_prepared_only_where_it_is_published_tainted(tmp_path: Path) -> None:
+    """Withdrawn, a sick device reached a claim only through a stale view: refused. Published with
+    a taint, the scheduler gave it only to a claim that tolerates the taint: prepared."""
+    async with rig_of(tmp_path, devices=widgets(2, w1=Health.UNHEALTHY)) as rig:
+        ref = rig.claim("sick", ("gpu", "w1"))
+        assert "is unhealthy" in str((await rig.claims.prepare([ref]))[ref[1]])
+        rig.claims.tainted = True
+        (prepared,) = await rig.prepared(ref)
+        assert [d.device_id for d in prepared.devices] == ["w1"]

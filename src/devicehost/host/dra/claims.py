@@ -87,11 +87,10 @@ class Claims:
         reads = asyncio.Semaphore(READS)
         self._read = functools.partial(read_bounded, reads, cluster, driver)
         self.prepared = 0
+        self.tainted = False
+        """Unhealthy devices are published with a taint: the scheduler gave one only to a claim
+        that tolerates it, so prepare takes it (else it was withdrawn, and is refused)."""
         self.log = log.bind(driver=driver)
-
-    def held(self, resource: str) -> tuple[str, ...]:
-        """Device IDs of ``resource`` in prepared claims."""
-        return tuple(i for c in self.checkpoint.claims.values() for i in c.by_resource().get(resource, ()))
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Each claim prepared (or as prepared before), or the one-line reason it is not.
@@ -152,7 +151,7 @@ class Claims:
                 raise read
             raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
         kind = names.cdi_kind(self._driver, uid)
-        picked = pick(read.devices, self._resources, self._device_plugin_holds)
+        picked = pick(read.devices, self._resources, self._device_plugin_holds, self.tainted)
         devices, spec_devices = await self._allocate(kind, f"{namespace}/{name}", uid, read, picked)
         if spec_devices:
             try:
@@ -322,8 +321,10 @@ def pick(
     allocated: Sequence[AllocatedDevice],
     resources: Mapping[str, Attached],
     device_plugin_holds: Callable[[str], frozenset[str]],
+    tainted: bool = False,
 ) -> dict[tuple[str, str], list[Picked]]:
-    """The allocated devices by (resource, request), each found and checked."""
+    """The allocated devices by (resource, request), each found and checked; an unhealthy one only
+    where it is ``tainted`` (published with a taint the claim must have tolerated)."""
     by_pool = {a.pool: a for a in resources.values()}
     named: dict[str, dict[str, Device]] = {}  # pool -> DRA device name -> device, built once a pool
     picked: dict[tuple[str, str], list[Picked]] = {}
@@ -336,7 +337,7 @@ def pick(
         found = named[device.pool].get(device.device)
         if found is None:
             raise _ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
-        if found.health is not Health.HEALTHY:  # asked again by the kubelet: it may recover
+        if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
             raise _ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
         resource = attached.server.name
         if found.id in device_plugin_holds(resource):

@@ -186,7 +186,8 @@ class DraDriver:
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
-        hold(server, self.claims.held(server.name), True)  # prepared before a restart too
+        held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
+        hold(server, held, True)  # prepared before a restart too
 
     def detach(self, resource: str) -> None:
         """Stop publishing ``resource``; its prepared claims stay in the checkpoint."""
@@ -201,6 +202,7 @@ class DraDriver:
         if self._tainting is None:  # asked once a driver, before its first slice
             self._tainting = asyncio.ensure_future(taint_effect(self._setup, self.name, self.log))
         effect = await self._tainting
+        self.claims.tainted = effect is not None
         await follow(server, pool, self._setup.node, self.name, self.publisher, self.changes, effect)
 
     def health(self) -> list[DeviceHealth]:
