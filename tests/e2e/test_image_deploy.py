@@ -87,11 +87,31 @@ def test_example_image_from_the_dockerfile_serves_widgets_through_the_overlay(
         },
     )
     kit.kubectl("apply", "-k", str(mine))
-    rolled_out(kit, "example overlay")
+    pod = rolled_out(kit, "example overlay")
+    # Device release works in the deployed host: the kubelet's pod-resources dir is mounted,
+    # read-only, at the path the host dials (issue 26: it was paused in every deployed host).
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"] is True
     kit.wait_resource("example.com/widget", 4, 4)
+    host = pod["metadata"]["name"]
+    until(lambda: "device release on" in kit.logs("-n", NAMESPACE, host), "the host's 'device release on' line")
+    assert "device release paused" not in kit.logs("-n", NAMESPACE, host)
     widget = consumer(kit, "widget-from-daemonset", python_base, "example.com/widget", "EXAMPLE_WIDGETS")
     assert widget in {f"widget-{n}" for n in range(4)}
+    deleted = time.monotonic()
     kit.kubectl("delete", "pod", "widget-from-daemonset", "--wait=true")
+    released = until(
+        lambda: next(
+            (line for line in kit.logs("-n", NAMESPACE, host).splitlines()
+             if '"devices released"' in line and widget in line),
+            None,
+        ),
+        f"the DaemonSet's host to release {widget}",
+        within=90,
+    )  # fmt: skip
+    kit.timings["DaemonSet: pod deleted -> device released"] = round(time.monotonic() - deleted, 1)
+    kit.notes.append(f"DaemonSet release: {released}")
 
 
 def vendor_overlay(directory: Path, image: str) -> None:
