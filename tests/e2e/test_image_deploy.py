@@ -95,7 +95,9 @@ def test_example_image_from_the_dockerfile_serves_widgets_through_the_overlay(
     assert mounts["pod-resources"]["readOnly"] is True
     kit.wait_resource("example.com/widget", 4, 4)
     host = pod["metadata"]["name"]
-    until(lambda: "device release on" in kit.logs("-n", NAMESPACE, host), "the host's 'device release on' line")
+    until(
+        lambda: "device release on" in kit.logs("-n", NAMESPACE, host), "the host's 'device release on' line"
+    )
     assert "device release paused" not in kit.logs("-n", NAMESPACE, host)
     widget = consumer(kit, "widget-from-daemonset", python_base, "example.com/widget", "EXAMPLE_WIDGETS")
     assert widget in {f"widget-{n}" for n in range(4)}
