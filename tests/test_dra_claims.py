@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drafakes import dra_host, dra_root
 
 import devicehost
 from devicehost import ContainerAllocation, Device, Health, Resource
@@ -18,7 +18,6 @@ from devicehost.hookspecs import rules
 from devicehost.host.daemon import Host
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
 from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
-from devicehost.testing.host import running_host
 
 DRIVER = "example.org"
 
@@ -61,30 +60,14 @@ class TwoPools:
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="drc-", dir="/tmp") as tmp:
-        (Path(tmp) / "registry").mkdir()
-        yield Path(tmp)
+    with dra_root("drc-") as made:
+        yield made
 
 
-@asynccontextmanager
-async def host_of(
+def host_of(
     root: Path, backend: object, cluster: ClusterStandIn, **settings: Any
-) -> AsyncIterator[Host]:
-    (root / "dp").mkdir(exist_ok=True)
-    async with running_host(
-        root / "dp",
-        {"two": backend},
-        cluster=cluster,
-        serve_through={"two": "dra"},
-        node_name="n",
-        dra_plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        device_release=False,
-        rediscover_interval=0.05,
-        **settings,
-    ) as host:
-        yield host
+) -> AbstractAsyncContextManager[Host]:
+    return dra_host(root, {"two": backend}, cluster, "n", rediscover_interval=0.05, **settings)
 
 
 async def endpoint(root: Path, cluster: ClusterStandIn, slices: int = 2) -> str:

@@ -9,20 +9,18 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-from drafakes import CountingCluster
+from drafakes import CountingCluster, dra_host, dra_root
 
 import devicehost
 from devicehost import ContainerAllocation, Device, Health, Resource
 from devicehost.host.daemon import Host
 from devicehost.host.dra import names
 from devicehost.testing.cluster import prepare, registered_endpoint, unprepare
-from devicehost.testing.host import running_host
 
 DRIVER, RESOURCE, NODE, POOL = "example.org", "example.org/gpu", "n", "n/gpu"
 
@@ -48,27 +46,12 @@ class Many:
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="drp-", dir="/tmp") as tmp:
-        (Path(tmp) / "registry").mkdir()
-        yield Path(tmp)
+    with dra_root("drp-") as made:
+        yield made
 
 
-@asynccontextmanager
-async def host_of(root: Path, backend: Many, cluster: CountingCluster) -> AsyncIterator[Host]:
-    (root / "dp").mkdir(exist_ok=True)
-    async with running_host(
-        root / "dp",
-        {"many": backend},
-        cluster=cluster,
-        serve_through={"many": "dra"},
-        node_name=NODE,
-        dra_plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        device_release=False,
-        rediscover_interval=0.05,
-    ) as host:
-        yield host
+def host_of(root: Path, backend: Many, cluster: CountingCluster) -> AbstractAsyncContextManager[Host]:
+    return dra_host(root, {"many": backend}, cluster, NODE, rediscover_interval=0.05)
 
 
 def slice_names(count: int) -> list[str]:

@@ -8,9 +8,10 @@ The host's DRA rooms (claims, publisher, drivers) take these where production pa
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ import structlog
 import devicehost
 from devicehost import ClaimRequest, ContainerAllocation, Device, Health
 from devicehost.host.backends.backend import Backend
+from devicehost.host.daemon import Host
 from devicehost.host.dra.claims import Attached
 from devicehost.host.dra.cluster import ClusterError
 from devicehost.host.serving.table import DeviceTable
 from devicehost.testing.cluster import ClusterStandIn
+from devicehost.testing.host import running_host
 
 
 class CountingCluster(ClusterStandIn):
@@ -167,3 +170,32 @@ def holds_of(held: Mapping[str, frozenset[str]]) -> Callable[[str], frozenset[st
 
 def checkpoint_file(tmp_path: Path) -> Path:
     return tmp_path / "driver" / "devicehost-claims.json"
+
+
+@contextmanager
+def dra_root(prefix: str) -> Iterator[Path]:
+    """A short temporary dir (unix socket paths) with the kubelet's ``registry`` dir in it."""
+    with tempfile.TemporaryDirectory(prefix=prefix, dir="/tmp") as tmp:
+        (Path(tmp) / "registry").mkdir()
+        yield Path(tmp)
+
+
+@asynccontextmanager
+async def dra_host(
+    root: Path, backends: Mapping[str, object], cluster: ClusterStandIn, node: str, **settings: Any
+) -> AsyncIterator[Host]:
+    """The real host serving ``backends`` through DRA only, in ``root``, on ``cluster``."""
+    (root / "dp").mkdir(exist_ok=True)
+    async with running_host(
+        root / "dp",
+        dict(backends),
+        cluster=cluster,
+        serve_through=dict.fromkeys(backends, "dra"),
+        node_name=node,
+        dra_plugins_dir=root / "plugins",
+        plugins_registry_dir=root / "registry",
+        cdi_dir=root / "cdi",
+        device_release=False,
+        **settings,
+    ) as host:
+        yield host
