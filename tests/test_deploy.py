@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from overlays import write_own_overlay
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -123,21 +124,9 @@ def render(target: str) -> tuple[dict[str, Any], ...]:
 
 def _kustomize_own_overlay(overlay: str, component: str, **more: Any) -> list[dict[str, Any]]:
     """A user's own overlay: ``overlay`` as its resource, ``component``, and ``more`` keys."""
-    # kustomize refuses absolute paths to other kustomizations; a relative one from a scratch
-    # directory is fine. This is exactly what a user's own overlay with `components:` does.
     with tempfile.TemporaryDirectory() as name:
         scratch = Path(name)
-        (scratch / "kustomization.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                    "kind": "Kustomization",
-                    "resources": [os.path.relpath(DEPLOY / "overlays" / overlay, scratch)],
-                    "components": [os.path.relpath(DEPLOY / "components" / component, scratch)],
-                    **more,
-                }
-            )
-        )
+        write_own_overlay(scratch, overlay, [component], **more)
         return _kustomize(scratch)
 
 

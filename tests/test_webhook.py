@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,6 +28,8 @@ from typing import Any
 
 import pytest
 import yaml
+from overlays import write_own_overlay
+from probing import free_port
 
 pytest.importorskip("cryptography", reason="devicehost webhook-cert needs cryptography")
 pytest.importorskip("devicehost_dra_example", reason="the dra-example backend is not installed")
@@ -47,13 +48,6 @@ BAD = {
 }
 BAD_PATH = "opaque.parameters.sharing.timeSlicingConfig.interval"
 MODEL_WORDS = "Input should be 'Default', 'Short', 'Medium' or 'Long'"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def devicehost(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -381,18 +375,7 @@ def render(*components: str) -> list[dict[str, Any]]:
     """The example overlay with components/dra and ``components``, as a user's overlay has them."""
     with tempfile.TemporaryDirectory() as name:
         scratch = Path(name)
-        (scratch / "kustomization.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                    "kind": "Kustomization",
-                    "resources": [os.path.relpath(DEPLOY / "overlays" / "example", scratch)],
-                    "components": [
-                        os.path.relpath(DEPLOY / "components" / c, scratch) for c in ("dra", *components)
-                    ],
-                }
-            )
-        )
+        write_own_overlay(scratch, "example", ("dra", *components))
         done = subprocess.run([_kubectl(), "kustomize", str(scratch)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]

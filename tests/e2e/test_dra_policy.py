@@ -11,7 +11,6 @@ with the policy's message, and so is a token bound to no pod. Nothing of the hos
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from k8skit import Kit, pod_manifest, until
+from overlays import write_own_overlay
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "kube-system"
@@ -35,19 +35,9 @@ KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmis
 def component_objects(kit: Kit) -> list[dict[str, Any]]:
     """The API-access part of the example overlay with components/dra, as ``kubectl kustomize``
     renders a user's own overlay (relative paths: kustomize refuses absolute ones)."""
-    deploy = REPO / "deploy"
     with tempfile.TemporaryDirectory() as name:
         scratch = Path(name)
-        (scratch / "kustomization.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                    "kind": "Kustomization",
-                    "resources": [os.path.relpath(deploy / "overlays" / "example", scratch)],
-                    "components": [os.path.relpath(deploy / "components" / "dra", scratch)],
-                }
-            )
-        )
+        write_own_overlay(scratch, "example", ["dra"])
         rendered = kit.kubectl("kustomize", str(scratch))
     return [o for o in yaml.safe_load_all(rendered) if o and o["kind"] in KINDS]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 from k8skit import Kit, until
+from probing import free_port
 
 pytest.importorskip("cryptography")
 pytest.importorskip("devicehost_dra_example")
@@ -40,13 +40,6 @@ GOOD = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
 BAD = {**GOOD, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}}
 KEY_PATH = "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval"
 MODEL_WORDS = "Input should be 'Default', 'Short', 'Medium' or 'Long'"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class WebhookProcess:
