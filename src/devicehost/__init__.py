@@ -12,6 +12,7 @@ Backends import the contract from here::
 from devicehost import cdi, policies
 from devicehost.hookspecs import (
     Api,
+    Capacity,
     ClaimRequest,
     ContainerAllocation,
     Device,
@@ -21,6 +22,7 @@ from devicehost.hookspecs import (
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
+    Share,
     Version,
     hookimpl,
 )
@@ -41,6 +43,7 @@ def __getattr__(name: str) -> str:
 
 __all__ = [
     "Api",
+    "Capacity",
     "ClaimRequest",
     "ContainerAllocation",
     "Device",
@@ -50,6 +53,7 @@ __all__ = [
     "PreferredAllocationRequest",
     "Resource",
     "ResourceNotifier",
+    "Share",
     "Version",
     "__version__",
     "cdi",

@@ -8,7 +8,7 @@ The host's API server seam (:mod:`devicehost.host.dra.cluster`), its client
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 SLICE_API_VERSION = "resource.k8s.io/v1"
@@ -30,6 +30,10 @@ class AllocatedDevice:
     pool: str
     device: str
     admin_access: bool = False
+    share_id: str = ""
+    """The allocation's ``shareID`` on a device that allows multiple allocations; "" otherwise."""
+    consumed: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """What the share takes of each capacity (``consumedCapacity``), as quantity strings."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,13 @@ def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
         str(claim.get("metadata", {}).get("uid", "")),
         tuple(
             AllocatedDevice(
-                r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess", False))
+                r["request"],
+                r["driver"],
+                r["pool"],
+                r["device"],
+                bool(r.get("adminAccess", False)),
+                str(r.get("shareID") or ""),
+                {str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
             )
             for r in devices.get("results") or ()
         ),

@@ -83,6 +83,8 @@ class Recorder:
         self.config_model = config_model
         self.allocated: list[tuple[str, tuple[str, ...], ClaimRequest | None]] = []
         self.released: list[tuple[str, tuple[str, ...]]] = []
+        self.released_shares: list[dict[str, str]] = []
+        """For each release of shares: device ID -> share ID."""
         self.answers: dict[str, Any] = {}
 
     @devicehost.hookimpl
@@ -103,8 +105,12 @@ class Recorder:
         return ContainerAllocation(envs={"IDS": ",".join(device_ids)})
 
     @devicehost.hookimpl
-    def devicehost_release(self, resource: str, device_ids: tuple[str, ...]) -> None:
+    def devicehost_release(
+        self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None
+    ) -> None:
         self.released.append((resource, device_ids))
+        if claim is not None:
+            self.released_shares.append({d: share.id for d, share in claim.shares.items()})
 
 
 class ModelRecorder(Recorder):

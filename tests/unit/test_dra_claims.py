@@ -24,12 +24,14 @@ from drafakes import (
 )
 from pydantic import BaseModel, ConfigDict
 
-from devicehost import Device, Health, cdi
+from devicehost import Capacity, Device, Health, Share, cdi
 from devicehost.hookspecs import rules
 from devicehost.host.dra import claims as claims_module
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Claims
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, OpaqueConfig
+from devicehost.host.dra.slices import device_entry
+from devicehost.resourceapi import claim_allocation
 
 DRIVER = "example.com"
 WIDGET = "example.com/widget"
@@ -463,3 +465,171 @@ async def test_an_unhealthy_device_is_prepared_only_where_it_is_published_tainte
         rig.claims.tainted = True
         (prepared,) = await rig.prepared(ref)
         assert [d.device_id for d in prepared.devices] == ["w1"]
+
+
+# -- shares: devices that allow multiple allocations (consumable capacity) --------------------
+
+BANDWIDTH = Capacity("100G", default="1G", min="100M", max="100G", step="1M")
+NIC = Device(
+    "w0", capacity={"bw": BANDWIDTH, "vfs": Capacity(8, valid_values=(1,))}, allow_multiple_allocations=True
+)
+
+
+def shared_claim(rig: Rig, name: str, share: str, amount: str, request: str = "nic") -> tuple[str, str, str]:
+    """A claim holding a share of w0, as the scheduler allocates it."""
+    uid = f"uid-{name}"
+    device = AllocatedDevice(request, DRIVER, POOL, "w0", share_id=share, consumed={"bw": amount, "vfs": "1"})
+    rig.cluster.claims[("default", name)] = ClaimAllocation(uid, (device,))
+    return "default", uid, name
+
+
+async def test_each_share_reaches_the_hook_with_its_id_and_amounts(tmp_path: Path) -> None:
+    async with rig_of(tmp_path, devices=[NIC, Device("w1")]) as rig:
+        first, second = shared_claim(rig, "a", "share-a", "10G"), shared_claim(rig, "b", "share-b", "5G")
+        await rig.prepared(first, second)
+        shares = [claim.shares if claim else None for _, _, claim in rig.plugin.allocated]
+        assert shares == [
+            {"w0": Share("share-a", {"bw": "10G", "vfs": "1"})},
+            {"w0": Share("share-b", {"bw": "5G", "vfs": "1"})},
+        ]
+        kept = [d for c in rig.claims.checkpoint.claims.values() for d in c.devices]
+        assert [(d.device_id, d.share, dict(d.consumed)) for d in kept] == [
+            ("w0", "share-a", {"bw": "10G", "vfs": "1"}),
+            ("w0", "share-b", {"bw": "5G", "vfs": "1"}),
+        ]
+        assert rig.advertised_unhealthy() == {"w0"}  # the device plugin side never hands out a shared one
+
+
+async def test_a_share_is_released_with_its_claim_and_the_device_stays_held_for_the_other(
+    tmp_path: Path,
+) -> None:
+    async with rig_of(tmp_path, devices=[NIC, Device("w1")]) as rig:
+        first, second = shared_claim(rig, "a", "share-a", "10G"), shared_claim(rig, "b", "share-b", "5G")
+        await rig.prepared(first, second)
+        assert await rig.claims.unprepare([first]) == {first[1]: ""}
+        assert rig.plugin.released == [(WIDGET, ("w0",))]
+        assert rig.plugin.released_shares == [{"w0": "share-a"}]
+        assert rig.advertised_unhealthy() == {"w0"}  # share-b still holds it
+        assert await rig.claims.unprepare([second]) == {second[1]: ""}
+        assert rig.plugin.released_shares == [{"w0": "share-a"}, {"w0": "share-b"}]
+        assert rig.advertised_unhealthy() == set()
+
+
+async def test_whole_devices_are_released_without_a_claim_as_before(tmp_path: Path) -> None:
+    async with rig_of(tmp_path, devices=[NIC, Device("w1")]) as rig:
+        ref = rig.claim("whole", ("gpu", "w1"))
+        await rig.prepared(ref)
+        await rig.claims.unprepare([ref])
+        assert (rig.plugin.released, rig.plugin.released_shares) == ([(WIDGET, ("w1",))], [])
+
+
+async def test_the_same_device_twice_in_one_request_is_refused(tmp_path: Path) -> None:
+    async with rig_of(tmp_path, devices=[NIC]) as rig:
+        twice = tuple(
+            AllocatedDevice("nic", DRIVER, POOL, "w0", share_id=s, consumed={"bw": "1G"}) for s in ("x", "y")
+        )
+        rig.cluster.claims[("default", "twice")] = ClaimAllocation("uid-twice", twice)
+        answer = (await rig.claims.prepare([("default", "uid-twice", "twice")]))["uid-twice"]
+        assert answer == "device 'w0' is allocated twice to request 'nic'"
+        assert rig.plugin.allocated == []
+
+
+async def test_shares_survive_a_restart_in_the_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "driver" / "claims.json"
+    plugin = Recorder()
+    with fake_server(plugin, [NIC]) as server:
+        claims = Claims(DRIVER, _Claims(), Checkpoint(path), {WIDGET: attached(server, POOL)}, no_holds)
+        device = AllocatedDevice("nic", DRIVER, POOL, "w0", share_id="s1", consumed={"bw": "2G"})
+        claims._cluster.claims[("default", "c")] = ClaimAllocation("uid-c", (device,))  # type: ignore[attr-defined]
+        answer = (await claims.prepare([("default", "uid-c", "c")]))["uid-c"]
+        assert isinstance(answer, PreparedClaim)
+        again = Checkpoint(path)
+        assert again.load() is None
+        (kept,) = again.claims["uid-c"].devices
+        assert (kept.share, dict(kept.consumed)) == ("s1", {"bw": "2G"})
+        restarted = Claims(DRIVER, _Claims(), again, {WIDGET: attached(server, POOL)}, no_holds)
+        assert await restarted.unprepare([("default", "uid-c", "c")]) == {"uid-c": ""}
+    assert plugin.released_shares == [{"w0": "s1"}]
+
+
+class _Claims:
+    """An API server with claims only (for the restart test)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], ClaimAllocation] = {}
+
+    async def claim(self, namespace: str, name: str) -> ClaimAllocation:
+        return self.claims[(namespace, name)]
+
+
+def test_a_claim_reads_share_ids_and_consumed_capacity() -> None:
+    claim = {
+        "metadata": {"uid": "u"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "nic",
+                            "driver": DRIVER,
+                            "pool": POOL,
+                            "device": "w0",
+                            "shareID": "abc",
+                            "consumedCapacity": {"bw": "10G"},
+                        },
+                        {"request": "gpu", "driver": DRIVER, "pool": POOL, "device": "w1"},
+                    ]
+                }
+            }
+        },
+    }
+    shared, whole = claim_allocation(claim).devices
+    assert (shared.share_id, dict(shared.consumed)) == ("abc", {"bw": "10G"})
+    assert (whole.share_id, dict(whole.consumed)) == ("", {})
+
+
+def test_a_shared_device_is_published_with_its_request_policies() -> None:
+    entry = device_entry(NIC)
+    assert entry["allowMultipleAllocations"] is True
+    assert entry["capacity"] == {
+        "bw": {
+            "value": "100G",
+            "requestPolicy": {"default": "1G", "validRange": {"min": "100M", "max": "100G", "step": "1M"}},
+        },
+        "vfs": {"value": "8", "requestPolicy": {"validValues": ["1"]}},
+    }
+    assert "allowMultipleAllocations" not in device_entry(Device("w1", capacity={"bw": Capacity("1G")}))
+    assert device_entry(Device("w1", capacity={"bw": Capacity("1G")}))["capacity"] == {"bw": {"value": "1G"}}
+
+
+@pytest.mark.parametrize(
+    ("device", "problem"),
+    [
+        (
+            Device("d", capacity={"bw": BANDWIDTH}),
+            "device 'd': capacity bw: a request policy needs allow_multiple_allocations=True",
+        ),
+        (
+            Device(
+                "d",
+                capacity={"bw": Capacity("1G", min="1M", valid_values=("1M",))},
+                allow_multiple_allocations=True,
+            ),
+            "device 'd': capacity bw: a request policy has a range (min) or valid_values, not both",
+        ),
+        (
+            Device("d", capacity={"bw": Capacity("1G", step="1M")}, allow_multiple_allocations=True),
+            "device 'd': capacity bw: step and max need min",
+        ),
+        (
+            Device("d", capacity={"bw": Capacity("lots")}, allow_multiple_allocations=True),
+            "device 'd': capacity bw: 'lots' must be a non-negative int or a quantity",
+        ),
+        (
+            Device("d", allow_multiple_allocations="yes"),  # type: ignore[arg-type]
+            "device 'd': allow_multiple_allocations 'yes' must be a bool",
+        ),
+    ],
+)
+def test_bad_capacities_are_refused_naming_the_device(device: Device, problem: str) -> None:
+    assert (rules.device_problem(device) or "").startswith(problem)

@@ -19,6 +19,8 @@ from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpo
 from devicehost.testing.host import running_host
 from devicehost_dra_example import DRIVER, RESOURCE, DraExampleBackend, Settings, gpu_uuids
 from devicehost_dra_example.config import GpuConfig
+from devicehost_dra_example.net import DRIVER as NET_DRIVER
+from devicehost_dra_example.net import DraExampleNetBackend, NetConfig, quantity_value
 
 TIME_SLICING = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
 
@@ -230,3 +232,89 @@ def test_a_device_consuming_an_undeclared_counter_set_is_refused_at_discovery() 
     assert "consumes counter set 'gpu-9-counters', which the resource does not declare" in (
         rules.discovery_problem([resource]) or ""
     )
+
+
+async def test_gpus_allowing_multiple_allocations_give_each_claim_its_share(root: Path) -> None:
+    """The reference's gpu-allow-multiple-allocations: two claims of 16Gi and 20 compute on gpu-0."""
+    cluster = ClusterStandIn()
+    backend = DraExampleBackend()
+    async with served(root, cluster, backend, num_gpus=1, gpu_allow_multiple_allocations=True) as where:
+        (body,) = cluster.stored.values()
+        asked = {"memory": "16Gi", "compute": "20"}
+        refs = [cluster.allocate(DRIVER, request="gpu", devices=["gpu-0"], consumed=asked) for _ in range(2)]
+        envs = [await prepared_env(root, where, ref) for ref in refs]
+    (gpu,) = body["spec"]["devices"]
+    assert gpu["allowMultipleAllocations"] is True
+    assert gpu["capacity"]["memory"] == {
+        "value": "80Gi",
+        "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Gi", "max": "80Gi", "step": "1Gi"}},
+    }
+    for env in envs:
+        assert (env["GPU_DEVICE_0"], env["GPU_DEVICE_0_MEMORY"], env["GPU_DEVICE_0_COMPUTE"]) == (
+            "gpu-0",
+            "16Gi",
+            "20",
+        )
+    assert envs[0]["GPU_DEVICE_0_SHARE_ID"] != envs[1]["GPU_DEVICE_0_SHARE_ID"]
+
+
+# -- the net profile: NICs shared by bandwidth (net-consumable-capacity) ------------------------
+
+NET_CONFIG = {"apiVersion": "net.resource.example.com/v1alpha1", "kind": "NetConfig"}
+
+
+async def test_two_claims_share_one_nic_each_with_its_bandwidth(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with running_host(
+        root / "dp",
+        {"dra-example-net": DraExampleNetBackend()},
+        cluster=cluster,
+        node_name="node-a",
+        backends={"dra-example-net": {"node_name": "node-a"}},
+        dra_plugins_dir=root / "plugins",
+        plugins_registry_dir=root / "registry",
+        cdi_dir=root / "cdi",
+        device_release=False,
+    ):
+        await cluster.wait(lambda c: len(c.stored) == 1)
+        (body,) = cluster.stored.values()
+        (socket,) = (root / "registry").glob(f"devicehost-{NET_DRIVER}-*.sock")
+        where = (await registered_endpoint(socket)).endpoint
+        fast = cluster.allocate(
+            NET_DRIVER, request="nic", consumed={"ingressBandwidth": "10G", "egressBandwidth": "5G"},
+            config=NET_CONFIG | {"bwBurst": {"ingressBurst": 800}},
+        )  # fmt: skip
+        slow = cluster.allocate(
+            NET_DRIVER, request="nic", consumed={"ingressBandwidth": "5G", "egressBandwidth": "5G"}
+        )
+        envs = [await prepared_env(root, where, ref) for ref in (fast, slow)]
+        assert (await unprepare(where, [fast])).claims[fast[1]].error == ""
+    (nic,) = body["spec"]["devices"]
+    assert nic["name"] == "nic-0"
+    assert nic["allowMultipleAllocations"] is True
+    assert nic["capacity"]["vfs"] == {"value": "100", "requestPolicy": {"default": "1", "validValues": ["1"]}}
+    assert nic["capacity"]["ingressBandwidth"]["requestPolicy"]["validRange"] == {
+        "min": "100M", "max": "100G", "step": "1M"
+    }  # fmt: skip
+    assert [
+        (e["NET_DEVICE_0"], e["NET_DEVICE_0_INGRESS_RATE"], e["NET_DEVICE_0_EGRESS_RATE"]) for e in envs
+    ] == [
+        ("nic-0", "10000000000", "5000000000"),
+        ("nic-0", "5000000000", "5000000000"),
+    ]
+    assert envs[0]["NET_DEVICE_0_INGRESS_BURST"] == "800"
+    assert "NET_DEVICE_0_INGRESS_BURST" not in envs[1]
+    assert envs[0]["NET_DEVICE_0_SHARE_ID"] != envs[1]["NET_DEVICE_0_SHARE_ID"]
+    assert envs[0]["DRA_RESOURCE_DRIVER_NAME"] == NET_DRIVER
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("10G", 10**10), ("1500M", 15 * 10**8), ("1Gi", 2**30), ("1e3", 1000), ("1500m", 2)]
+)
+def test_quantities_become_whole_numbers(text: str, value: int) -> None:
+    assert quantity_value(text) == value
+
+
+def test_a_burst_of_4gb_or_more_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"bwBurst\.ingressBurst"):
+        NetConfig.model_validate(NET_CONFIG | {"bwBurst": {"ingressBurst": 8 * 2**32}})

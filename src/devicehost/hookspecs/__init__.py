@@ -8,6 +8,7 @@ import pluggy
 from devicehost.hookspecs.spec import PROJECT_NAME, REQUIRED_HOOKS
 from devicehost.hookspecs.types import (
     Api,
+    Capacity,
     ClaimRequest,
     ContainerAllocation,
     Device,
@@ -17,6 +18,7 @@ from devicehost.hookspecs.types import (
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
+    Share,
     Version,
 )
 
@@ -30,6 +32,7 @@ __all__ = [
     "PROJECT_NAME",
     "REQUIRED_HOOKS",
     "Api",
+    "Capacity",
     "ClaimRequest",
     "ContainerAllocation",
     "Device",
@@ -39,6 +42,7 @@ __all__ = [
     "PreferredAllocationRequest",
     "Resource",
     "ResourceNotifier",
+    "Share",
     "Version",
     "hookimpl",
 ]

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from devicehost.hookspecs.types import (
+    Capacity,
     ContainerAllocation,
     Device,
     DeviceSpec,
@@ -255,7 +256,7 @@ def device_problem(device: Device) -> str | None:
         return f"device {device.id!r}: numa_nodes {nodes!r:.100} must be a sequence of non-negative ints"
     problem = (
         _attributes_problem(device.attributes)
-        or _capacity_problem(device.capacity)
+        or _capacity_problem(device.capacity, device.allow_multiple_allocations)
         or _counters_problem(device.consumes, "consumed counter set")
     )
     return f"device {device.id!r}: {problem}" if problem else None
@@ -282,16 +283,46 @@ def _attributes_problem(attributes: object) -> str | None:
     return None
 
 
-def _capacity_problem(capacity: object) -> str | None:
+def _capacity_problem(capacity: object, shared: object) -> str | None:
+    """Capacities by C-identifier name, each an amount or a :class:`Capacity`; a request policy
+    only on a device that allows multiple allocations (``shared``)."""
     if not isinstance(capacity, Mapping):
         return f"capacity {capacity!r:.100} must be a mapping"
+    if not isinstance(shared, bool):
+        return f"allow_multiple_allocations {shared!r:.100} must be a bool"
     for name, value in capacity.items():
         if not isinstance(name, str) or not _ATTRIBUTE_NAME.fullmatch(name):
             return f"capacity name {name!r:.100} must be a C identifier of at most 32 characters"
-        if isinstance(value, bool) or not (
-            (isinstance(value, int) and value >= 0) or (isinstance(value, str) and _QUANTITY.fullmatch(value))
-        ):
-            return f"capacity {name}: {value!r:.100} must be a non-negative int or a quantity such as '16Gi'"
+        problem = _policy_problem(value, shared) if isinstance(value, Capacity) else _amount_problem(value)
+        if problem:
+            return f"capacity {name}: {problem}"
+    return None
+
+
+def _amount_problem(value: object) -> str | None:
+    if isinstance(value, bool) or not (
+        (isinstance(value, int) and value >= 0) or (isinstance(value, str) and _QUANTITY.fullmatch(value))
+    ):
+        return f"{value!r:.100} must be a non-negative int or a quantity such as '16Gi'"
+    return None
+
+
+def _policy_problem(capacity: Capacity, shared: bool) -> str | None:
+    """A :class:`Capacity`: quantities throughout, a range (``min``, with ``step``/``max``) or
+    ``valid_values``, not both, and a policy only where the device is shared."""
+    amounts = [capacity.value, capacity.default, capacity.min, capacity.max, capacity.step]
+    for value in [*(a for a in amounts if a is not None), *capacity.valid_values]:
+        problem = _amount_problem(value)
+        if problem:
+            return problem
+    if capacity.valid_values and capacity.min is not None:
+        return "a request policy has a range (min) or valid_values, not both"
+    if capacity.min is None and (capacity.step is not None or capacity.max is not None):
+        return "step and max need min (the range's start)"
+    if capacity.has_policy and not shared:
+        return (
+            "a request policy needs allow_multiple_allocations=True (a device allocated whole is taken whole)"
+        )
     return None
 
 

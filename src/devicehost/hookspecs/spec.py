@@ -167,17 +167,21 @@ def devicehost_pre_start_container(resource: str, device_ids: tuple[str, ...]) -
 
 
 @_hookspec
-def devicehost_release(resource: str, device_ids: tuple[str, ...]) -> None:
+def devicehost_release(resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None) -> None:
     """Scrub devices the kubelet no longer assigns to any running container (wipe memory, reset).
 
     Optional: the host learns of releases from the kubelet's pod-resources API and calls this
     once per device set a container held, never for devices the kubelet still assigns. The
     devices are advertised Unhealthy until it returns, then get their health back. Through DRA
     it is called when a claim is unprepared, for the claim's devices that no other prepared
-    claim (an admin-access one, say) still holds.
+    claim (an admin-access one, say) still holds, and once per request for the claim's shares
+    of devices that allow multiple allocations (each share is released with its claim, whoever
+    else holds the device).
 
     :param resource: the extended resource name.
-    :param device_ids: the IDs one container held, now free.
+    :param device_ids: the IDs one container held, now free; for shares, the shared devices.
+    :param claim: for shares, the claim request whose shares go (:attr:`ClaimRequest.shares`:
+        each device's share ID and what it took); None otherwise. Implementations may omit it.
     """
 
 

@@ -77,6 +77,38 @@ class Version(str):
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """DRA only: an amount a device has, and how much of it one allocation may take.
+
+    A plain int or quantity string in :attr:`Device.capacity` is an amount with no request policy.
+    With a policy, on a device that allows multiple allocations
+    (:attr:`Device.allow_multiple_allocations`), each claim takes a share of the amount: what it
+    asks for (``capacity.requests`` in the claim), else ``default``, rounded up to ``step`` above
+    ``min`` or to the next of ``valid_values``; the scheduler never hands out more than ``value``
+    in all.
+
+    :param value: the whole amount (``"100G"``, ``80``).
+    :param default: what a claim that asks for nothing takes; None: the whole ``value``.
+    :param min: the least one share takes (with ``step``/``max``: a range).
+    :param max: the most one share takes.
+    :param step: shares are ``min`` plus a multiple of this.
+    :param valid_values: the only amounts a share may take (instead of a range), smallest first.
+    """
+
+    value: int | str
+    default: int | str | None = None
+    min: int | str | None = None
+    max: int | str | None = None
+    step: int | str | None = None
+    valid_values: tuple[int | str, ...] = ()
+
+    @property
+    def has_policy(self) -> bool:
+        """Whether it says how much one allocation takes (else a claim takes it whole)."""
+        return self.default is not None or self.min is not None or bool(self.valid_values)
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device of a resource.
 
@@ -89,8 +121,13 @@ class Device:
         selectors match in CEL (``device.attributes["example.com"].model == "w2"``); names are
         C identifiers of at most 32 characters, values a bool, an int, a string of at most
         64 characters or a :class:`Version`. The device plugin API has no place for them.
-    :param capacity: DRA only: amounts the device has (``{"memory": "16Gi"}``), an int or a
-        Kubernetes quantity string, matched as ``device.capacity["example.com"].memory``.
+    :param capacity: DRA only: amounts the device has (``{"memory": "16Gi"}``), an int, a
+        Kubernetes quantity string or a :class:`Capacity` with a request policy, matched as
+        ``device.capacity["example.com"].memory``.
+    :param allow_multiple_allocations: DRA only: many claims may hold the device at once, each
+        with a share of its :attr:`capacity` (a :class:`Capacity` with a request policy says how
+        much a share takes); the allocate hook then gets each share's ID and amounts in
+        :attr:`ClaimRequest.shares`, and the release hook is called per share.
     :param consumes: DRA only: what the device takes from its resource's shared counter sets
         while it is allocated, by counter set and counter (``{"gpu-0": {"memory": "20Gi"}}``):
         partitions of one physical device. The scheduler never allocates devices whose
@@ -102,7 +139,8 @@ class Device:
     numa_nodes: tuple[int, ...] = ()
     group: str | None = field(default=None, kw_only=True)
     attributes: Mapping[str, bool | int | str] = field(default_factory=dict, kw_only=True, hash=False)
-    capacity: Mapping[str, int | str] = field(default_factory=dict, kw_only=True, hash=False)
+    capacity: Mapping[str, int | str | Capacity] = field(default_factory=dict, kw_only=True, hash=False)
+    allow_multiple_allocations: bool = field(default=False, kw_only=True)
     consumes: Mapping[str, Mapping[str, int | str]] = field(default_factory=dict, kw_only=True, hash=False)
 
     def __post_init__(self) -> None:
@@ -222,6 +260,19 @@ class PreferredAllocationRequest:
 
 
 @dataclass(frozen=True)
+class Share:
+    """DRA only: one allocation of a device that allows multiple allocations.
+
+    :param id: the share's ID, unique among the device's allocations (the scheduler's ``shareID``).
+    :param consumed: what the share takes of each of the device's capacities, as quantity strings
+        (``{"ingressBandwidth": "10G"}``).
+    """
+
+    id: str
+    consumed: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
 class ClaimRequest:
     """DRA only: the ResourceClaim request that devices are allocated for, handed to the allocate hook.
 
@@ -237,6 +288,8 @@ class ClaimRequest:
         (``devicehost_claim_config_model``), else the parameters as a mapping; None when none applies.
     :param admin_access: the claim asks for admin access: other claims may hold the same devices
         (monitor them, do not reset them); the host never releases a device another claim holds.
+    :param shares: by device ID, the share of each device that allows multiple allocations
+        (:attr:`Device.allow_multiple_allocations`); devices allocated whole are not in it.
     """
 
     name: str
@@ -244,6 +297,7 @@ class ClaimRequest:
     uid: str
     config: Any = None
     admin_access: bool = False
+    shares: Mapping[str, Share] = field(default_factory=dict, hash=False)
 
 
 class ResourceNotifier(Protocol):

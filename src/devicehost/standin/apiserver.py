@@ -108,12 +108,15 @@ class ApiServerStandIn:
 
     def devices(self, driver: str) -> list[tuple[str, str]]:
         """(pool, device) of every published device of ``driver``, slice by slice."""
-        return [
-            (body["spec"]["pool"]["name"], device["name"])
+        return list(self._entries(driver))
+
+    def _entries(self, driver: str) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return {
+            (body["spec"]["pool"]["name"], device["name"]): device
             for body in self.stored.values()
             if body["spec"]["driver"] == driver
             for device in body["spec"].get("devices", ())
-        ]
+        }
 
     def allocate(
         self,
@@ -126,26 +129,34 @@ class ApiServerStandIn:
         config: Mapping[str, Any] | None = None,
         admin_access: bool = False,
         devices: Sequence[str] = (),
+        consumed: Mapping[str, str] | None = None,
     ) -> tuple[str, str, str]:
         """Allocate ``count`` free devices of ``driver`` to a new claim; its (namespace, uid, name).
 
         ``request`` may be ``request/subrequest`` (a prioritized list's choice); ``config`` is the
         claim's opaque parameters for ``driver`` and the request; an ``admin_access`` claim may
         take devices other claims hold (and takes none from them); ``devices`` names the ones
-        to take.
+        to take. A device that allows multiple allocations is never taken whole: each claim gets
+        a share of it, with a new share ID, taking ``consumed`` of its capacities (the rest: each
+        one's request policy default, else all of it). Capacity is not counted across shares.
         """
+        entries = self._entries(driver)
         taken = {(d.pool, d.device) for c in self.claims.values() for d in c.devices if not d.admin_access}
         free = [
             d
-            for d in self.devices(driver)
-            if (admin_access or d not in taken) and (not devices or d[1] in devices)
+            for d, entry in entries.items()
+            if (admin_access or d not in taken or entry.get("allowMultipleAllocations"))
+            and (not devices or d[1] in devices)
         ]
         if len(free) < count:
             raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
         uid = str(uuid.uuid4())
         name = name or f"claim-{uid[:8]}"
         chosen = tuple(
-            AllocatedDevice(request, driver, pool, device, admin_access) for pool, device in free[:count]
+            AllocatedDevice(
+                request, driver, pool, device, admin_access, *_share(entries[pool, device], consumed)
+            )
+            for pool, device in free[:count]
         )
         configs = (OpaqueConfig(driver, config, (request.partition("/")[0],)),) if config is not None else ()
         self.claims[(namespace, name)] = ClaimAllocation(uid, chosen, configs)
@@ -172,3 +183,15 @@ class ApiServerStandIn:
     def _check(self) -> None:
         if self.down is not None:
             raise ClusterError(self.down)
+
+
+def _share(device: Mapping[str, Any], consumed: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:
+    """A new share ID and what the share takes, for a device that allows multiple allocations;
+    ("", {}) for one taken whole."""
+    if not device.get("allowMultipleAllocations"):
+        return "", {}
+    taken = {
+        name: str((capacity.get("requestPolicy") or {}).get("default", capacity["value"]))
+        for name, capacity in (device.get("capacity") or {}).items()
+    }
+    return str(uuid.uuid4()), {**taken, **(consumed or {})}

@@ -561,6 +561,7 @@ async def test_released_devices_come_back(
         direct.hook.devicehost_release,
         resource=resource.name,
         device_ids=(resource.devices[0].id,),
+        claim=None,
     )
     socket = devicehost_dir / "pod-resources" / "kubelet.sock"
     settings: dict[str, Any] = {

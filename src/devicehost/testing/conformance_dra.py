@@ -129,6 +129,8 @@ class DraRun:
     cdi_dir: Path
     releases: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
     """(resource, device IDs) of every release hook call that returned, in order."""
+    released_shares: list[str] = field(default_factory=list)
+    """The share IDs those calls released, in order."""
     allocations: list[Allocated] = field(default_factory=list)
     """Every allocate call, as it was made (before the hook ran), in order."""
 
@@ -239,9 +241,13 @@ class DraRun:
         backend = self.host.backends.loaded[self.backend]
         release = backend.release
 
-        async def recording(resource: str, device_ids: tuple[str, ...]) -> None:
-            await release(resource, device_ids)
+        async def recording(
+            resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None = None
+        ) -> None:
+            await release(resource, device_ids, claim)
             self.releases.append((resource, tuple(device_ids)))
+            if claim is not None:
+                self.released_shares.extend(share.id for share in claim.shares.values())
 
         backend.release = recording  # type: ignore[method-assign]
 

@@ -20,7 +20,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 import devicehost
-from devicehost import ClaimRequest, ContainerAllocation, Device, Resource, Version
+from devicehost import Capacity, ClaimRequest, ContainerAllocation, Device, Resource, Version
 from devicehost_dra_example.config import DEFAULT, GpuConfig
 
 DRIVER = "gpu.example.com"
@@ -44,6 +44,11 @@ class Settings(BaseModel):
         default=0,
         description="partitions per GPU (the reference's --gpu-partitions): each GPU becomes a counter "
         "set of its memory and compute, published as that many partitions and one full device drawing on it",
+    )
+    gpu_allow_multiple_allocations: bool = Field(
+        default=False,
+        description="many claims share each GPU (the reference's gpuAllowMultipleAllocations): each takes "
+        "the memory and compute it asks for (whole GPU by default, 1Gi and 1 steps)",
     )
     node_name: str | None = Field(
         default=None, description="seeds the GPUs' UUIDs; unset: $DEVICEHOST_NODE_NAME, else the host name"
@@ -74,8 +79,16 @@ def gpus(settings: Settings, seed: str) -> Resource:
             "index": i, "uuid": gpu_uuid, "model": MODEL, "driverVersion": DRIVER_VERSION
         }  # fmt: skip
         whole: dict[str, int | str] = {"memory": f"{MEMORY_GI}Gi", "compute": COMPUTE}
+        shared = settings.gpu_allow_multiple_allocations
         if not parts:
-            devices.append(Device(f"gpu-{i}", attributes=attributes, capacity=whole))
+            devices.append(
+                Device(
+                    f"gpu-{i}",
+                    attributes=attributes,
+                    capacity=capacity(whole, shared),
+                    allow_multiple_allocations=shared,
+                )
+            )
             continue
         counters = f"gpu-{i}-counters"
         counter_sets[counters] = whole
@@ -89,12 +102,25 @@ def gpus(settings: Settings, seed: str) -> Resource:
             Device(
                 name,
                 attributes={**attributes, **extra, "partitionable": True},
-                capacity=amount,
+                capacity=capacity(amount, shared),
                 consumes={counters: amount},
+                allow_multiple_allocations=shared,
             )
             for name, extra, amount in shares
         )
     return Resource(RESOURCE, tuple(devices), serve_through="dra", counter_sets=counter_sets)
+
+
+def capacity(amounts: dict[str, int | str], shared: bool) -> dict[str, int | str | Capacity]:
+    """A GPU's memory and compute; shared, each claim takes what it asks for (all by default),
+    in steps of 1Gi of memory and 1 of compute."""
+    if not shared:
+        return dict(amounts)
+    steps: dict[str, int | str] = {"memory": "1Gi", "compute": 1}
+    return {
+        name: Capacity(amount, default=amount, min=steps[name], step=steps[name], max=amount)
+        for name, amount in amounts.items()
+    }
 
 
 def quantity(size: int) -> str:
@@ -150,6 +176,10 @@ class DraExampleBackend:
         if claim is not None:
             envs["DRA_ADMIN_ACCESS"] = "true" if claim.admin_access else "false"
             for device in device_ids:
-                key = device.removeprefix("gpu-").upper().replace("-", "_")
-                envs[f"GPU_DEVICE_{key}_RESOURCE_CLAIM"] = claim.uid
+                key = f"GPU_DEVICE_{device.removeprefix('gpu-').upper().replace('-', '_')}"
+                envs[f"{key}_RESOURCE_CLAIM"] = claim.uid
+                share = claim.shares.get(device)
+                if share is not None:  # the reference's consumed capacity, and the share's ID
+                    envs |= {f"{key}_{name.upper()}": amount for name, amount in share.consumed.items()}
+                    envs[f"{key}_SHARE_ID"] = share.id
         return ContainerAllocation(envs=envs)

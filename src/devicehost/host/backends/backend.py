@@ -313,8 +313,10 @@ class Backend:
     async def pre_start_container(self, resource: str, device_ids: tuple[str, ...]) -> None:
         await self._call("devicehost_pre_start_container", resource=resource, device_ids=device_ids)
 
-    async def release(self, resource: str, device_ids: tuple[str, ...]) -> None:
-        await self._call("devicehost_release", resource=resource, device_ids=device_ids)
+    async def release(
+        self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest | None = None
+    ) -> None:
+        await self._call("devicehost_release", resource=resource, device_ids=device_ids, claim=claim)
 
     def close(self) -> None:
         """Let the backend's threads go; hung ones finish in the background."""

@@ -12,8 +12,8 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CHECKPOINT_VERSION = 1
@@ -30,6 +30,10 @@ class PreparedDevice:
     device_id: str
     cdi_ids: tuple[str, ...]
     admin_access: bool = False
+    share: str = ""
+    """The share's ID, for a device that allows multiple allocations ("" when held whole)."""
+    consumed: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """What the share takes of the device's capacities."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Device, Health
+from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Device, Health, Share
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
@@ -62,6 +62,8 @@ class Picked:
     """Its DRA name."""
     device_id: str
     admin_access: bool
+    share: Share | None = None
+    """Its share, on a device that allows multiple allocations."""
 
 
 class Claims:
@@ -157,7 +159,9 @@ class Claims:
             try:
                 cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir)
             except (OSError, ValueError) as exc:
-                await self._release(devices, "its CDI spec could not be written")
+                await self._release(
+                    devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
+                )
                 raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
         claim = PreparedClaim(uid, namespace, name, tuple(devices))
         self.checkpoint.add(claim)
@@ -186,26 +190,29 @@ class Claims:
             admin = any(p.admin_access for p in chosen)
             try:
                 config = request_config(self._driver, attached, allocation, request)
-                asked = ClaimRequest(request, claim, uid, config, admin)
+                shares = {p.device_id: p.share for p in chosen if p.share is not None}
+                asked = ClaimRequest(request, claim, uid, config, admin, shares)
                 given = await attached.server.backend.allocate(
                     resource, tuple(p.device_id for p in chosen), asked
                 )
             except (HookError, _ClaimRefused) as exc:
-                await self._release(devices, "a later allocation of the claim failed")
+                await self._release(devices, "a later allocation of the claim failed", (claim, uid))
                 raise _ClaimRefused(str(exc)) from None
             spec_device, cdi_ids = cdi_answer(kind, request, resource, given)
             spec_devices.extend([spec_device] if spec_device else [])
             devices.extend(prepared_devices(request, attached.pool, resource, chosen, cdi_ids))
         return devices, spec_devices
 
-    async def _release(self, devices: Collection[PreparedDevice], why: str, but: str = "") -> None:
-        await release_free(self.checkpoint, self._resources, devices, why, but, self.log)
+    async def _release(
+        self, devices: Collection[PreparedDevice], why: str, claim: tuple[str, str], but: str = ""
+    ) -> None:
+        await release_free(self.checkpoint, self._resources, devices, why, claim, but, self.log)
 
     async def _unprepare(self, uid: str) -> None:
         claim = self.checkpoint.claims.get(uid)
         if claim is None:
             return  # never prepared here, or unprepared already: nothing to undo
-        await self._release(claim.devices, "unprepared", but=uid)
+        await self._release(claim.devices, "unprepared", (f"{claim.namespace}/{claim.name}", uid), but=uid)
         with contextlib.suppress(ValueError):
             cdi.remove_spec(names.cdi_kind(self._driver, uid), self._cdi_dir)
         self.checkpoint.remove(uid)
@@ -232,7 +239,15 @@ def prepared_devices(
     """The request's devices as the checkpoint keeps them; the first carries the CDI IDs."""
     return [
         PreparedDevice(
-            request, pool, p.device, resource, p.device_id, cdi_ids if n == 0 else (), p.admin_access
+            request,
+            pool,
+            p.device,
+            resource,
+            p.device_id,
+            cdi_ids if n == 0 else (),
+            p.admin_access,
+            p.share.id if p.share else "",
+            dict(p.share.consumed) if p.share else {},
         )
         for n, p in enumerate(chosen)
     ]
@@ -256,28 +271,49 @@ async def release_free(
     resources: Mapping[str, Attached],
     devices: Collection[PreparedDevice],
     why: str,
+    claim: tuple[str, str],
     but: str,
     log: structlog.typing.FilteringBoundLogger,
 ) -> None:
-    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds.
+    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds, and
+    for every share among them (a share is the claim's own; ``claim`` is its name and UID).
 
     Used when a failed prepare gives back what it allocated (failures are logged: the claim
     fails anyway) and when the claim ``but`` is unprepared (failures raised: the kubelet asks again).
     """
-    held = checkpoint.held(but=but)
-    free = by_resource(d for d in devices if (d.resource, d.device_id) not in held)
-    for resource, ids in free.items():
+    calls = release_calls(devices, checkpoint.held(but=but), claim)
+    for resource, ids, shares in calls:
         attached = resources.get(resource)
         if attached is None:
             raise _ClaimRefused(f"{resource} is not served right now; asked again later")
         try:
-            await attached.server.backend.release(resource, ids)
+            await attached.server.backend.release(resource, ids, shares)
         except HookError as exc:
             if but:
                 raise _ClaimRefused(str(exc)) from None
             log.error("release after a failed prepare failed", resource=resource, error=str(exc))
-    if free and not but:
-        log.warning("allocated devices released again", why=why, devices=dict(free))
+    if calls and not but:
+        log.warning("allocated devices released again", why=why, devices={r: ids for r, ids, _ in calls})
+
+
+def release_calls(
+    devices: Collection[PreparedDevice], held: Collection[tuple[str, str]], claim: tuple[str, str]
+) -> list[tuple[str, tuple[str, ...], ClaimRequest | None]]:
+    """The release hook's calls for ``devices``: one per resource for the whole devices no other
+    claim ``held``, then one per resource and request for the shares, with their claim request."""
+    whole = by_resource(d for d in devices if not d.share and (d.resource, d.device_id) not in held)
+    calls: list[tuple[str, tuple[str, ...], ClaimRequest | None]] = [
+        (resource, ids, None) for resource, ids in whole.items()
+    ]
+    by_request: dict[tuple[str, str], list[PreparedDevice]] = {}
+    for device in devices:
+        if device.share:
+            by_request.setdefault((device.resource, device.request), []).append(device)
+    for (resource, request), shared in by_request.items():
+        shares = {d.device_id: Share(d.share, d.consumed) for d in shared}
+        asked = ClaimRequest(request, claim[0], claim[1], admin_access=shared[0].admin_access, shares=shares)
+        calls.append((resource, tuple(shares), asked))
+    return calls
 
 
 def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
@@ -342,9 +378,11 @@ def pick(
         resource = attached.server.name
         if found.id in device_plugin_holds(resource):
             raise _ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
-        picked.setdefault((resource, device.request), []).append(
-            Picked(device.device, found.id, device.admin_access)
-        )
+        share = Share(device.share_id, device.consumed) if device.share_id else None
+        same = picked.setdefault((resource, device.request), [])
+        if any(p.device == device.device for p in same):
+            raise _ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
+        same.append(Picked(device.device, found.id, device.admin_access, share))
     return picked
 
 

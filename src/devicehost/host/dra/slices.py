@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from devicehost.hookspecs.types import Device, Health, Version
+from devicehost.hookspecs.types import Capacity, Device, Health, Version
 from devicehost.host.dra.cluster import SLICE_API_VERSION
 from devicehost.host.dra.names import device_name
 from devicehost.resourceapi import UNHEALTHY_TAINT
@@ -40,12 +40,31 @@ def device_entry(device: Device) -> dict[str, Any]:
         attributes[name] = {_attribute_kind(value): str(value) if isinstance(value, Version) else value}
     entry: dict[str, Any] = {"name": device_name(device.id), "attributes": attributes}
     if device.capacity:
-        entry["capacity"] = {name: {"value": str(value)} for name, value in device.capacity.items()}
+        entry["capacity"] = {name: capacity_entry(value) for name, value in device.capacity.items()}
+    if device.allow_multiple_allocations:
+        entry["allowMultipleAllocations"] = True
     if device.consumes:
         entry["consumesCounters"] = [
             {"counterSet": name, "counters": _counters(counters)}
             for name, counters in device.consumes.items()
         ]
+    return entry
+
+
+def capacity_entry(capacity: int | str | Capacity) -> dict[str, Any]:
+    """One capacity of a device: its value, and its request policy where it has one."""
+    if not isinstance(capacity, Capacity):
+        return {"value": str(capacity)}
+    entry: dict[str, Any] = {"value": str(capacity.value)}
+    if not capacity.has_policy:
+        return entry
+    policy: dict[str, Any] = {} if capacity.default is None else {"default": str(capacity.default)}
+    if capacity.valid_values:
+        policy["validValues"] = [str(v) for v in capacity.valid_values]
+    elif capacity.min is not None:
+        bounds = {"min": capacity.min, "max": capacity.max, "step": capacity.step}
+        policy["validRange"] = {key: str(v) for key, v in bounds.items() if v is not None}
+    entry["requestPolicy"] = policy
     return entry
 
 
