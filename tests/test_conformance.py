@@ -62,14 +62,15 @@ def test_example_backend_conforms(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example")
     assert (code, broken) == (0, {}), output
     assert "passed" in output
-    assert "8 deselected" in output  # the DRA checks run only when asked for
+    assert "9 deselected" in output  # the DRA checks run only when asked for
 
 
 def test_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example", dra=True)
     assert (code, broken) == (0, {}), output
-    # preferred-allocation, and dra-config-refused (no claim config model): every other DRA check ran
-    assert "passed, 2 skipped" in output
+    # preferred-allocation, dra-config-refused (no claim config model) and dra-shares (no shared
+    # device): every other DRA check ran
+    assert "passed, 3 skipped" in output
     assert "deselected" not in output
 
 
@@ -79,7 +80,14 @@ def test_dra_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     assert (code, broken) == (0, {}), output
     # the device plugin wire checks (served through DRA only), health both ways, preferred
     # allocation, start/stop, release: the backend implements none of them
-    assert "19 passed, 11 skipped" in output
+    assert "19 passed, 12 skipped" in output  # and dra-shares: its GPUs are not shared by default
+
+
+def test_dra_example_net_backend_conforms_with_its_shared_nics(short_tmp: Path) -> None:
+    """The net profile: every NIC allows multiple allocations, so dra-shares runs and passes."""
+    code, broken, output = conformance(short_tmp, "dra-example-net", {"num_nics": 2}, dra=True)
+    assert (code, broken) == (0, {}), output
+    assert "20 passed, 11 skipped" in output  # the port's 19, and dra-shares
 
 
 BROKEN_DRA = """
@@ -117,11 +125,12 @@ class BrokenDraBackend:
 
     @devicehost.hookimpl
     def devicehost_discover(self):
-        return [devicehost.Resource("broken-dra.example.com/gpu", [devicehost.Device(i) for i in ("g0", "g1")])]
+        shared = devicehost.Device("g2", allow_multiple_allocations=True)  # shares: held whole below
+        return [devicehost.Resource("broken-dra.example.com/gpu", [*(devicehost.Device(i) for i in ("g0", "g1")), shared])]
 
     @devicehost.hookimpl
     def devicehost_allocate(self, resource, device_ids, claim):
-        if set(device_ids) - {"g0", "g1"}:
+        if set(device_ids) - {"g0", "g1", "g2"}:
             raise ValueError(f"no such devices {device_ids}")
         envs = {"GPUS": ",".join(device_ids)}
         if claim is None:
@@ -167,12 +176,14 @@ def test_kit_fails_a_dra_backend_naming_each_broken_dra_rule(short_tmp: Path) ->
         "test_dra_refused_config_fails_its_claim_alone": "dra-config-refused",
         "test_dra_admin_access_shares_a_held_device": "dra-admin-access",
         "test_dra_subrequest_claims_are_prepared": "dra-subrequest",
+        "test_dra_shares_are_prepared_and_released_apart": "dra-shares",
     }, output
     assert set(broken.values()) <= set(RULES)
     assert "TypeError: 'Config' object is not subscriptable" in output
     assert "the model's validation raised KeyError: 'devicehostConformanceUnknown'" in output
     assert "['g0'] in use (an admin-access claim of g0, which a normal claim holds)" in output
     assert "CDI device name 'device/first-g0' must be letters, digits" in output
+    assert "['g2'] in use" in output  # the second share of g2
     assert "[dra-prepare]" not in output  # claims without config, admin access or subrequests prepare
 
 

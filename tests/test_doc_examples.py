@@ -111,6 +111,8 @@ def claim(block: Block) -> str:
         return "pins"
     if block.lang == "text" and block.doc == "docs/dra.md":
         return "webhook refusal (test_webhook)"
+    if block.lang == "yaml" and block.doc == "docs/dra.md":
+        return "DRA claim"
     return ""
 
 
@@ -187,6 +189,26 @@ def test_every_example_is_claimed_by_a_check() -> None:
     assert of_kind("python")
     assert of_kind("config")
     assert {b.doc for b in of_kind("shell")} >= {"README.md", "deploy/README.md"}
+
+
+def test_the_dra_claim_is_valid_and_its_container_gets_what_the_docs_say() -> None:
+    """docs/dra.md's consumable-capacity claim: a valid ResourceClaim whose share of the port's NIC
+    gives the container the rate the text names (the port's own env, from what the share took)."""
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    from devicehost_dra_example.net import NetConfig, share_env
+
+    (block,) = of_kind("DRA claim")
+    claim = yaml.safe_load(block.text)
+    ResourceClaim.from_dict(claim)  # the API's shape
+    (request,) = claim["spec"]["devices"]["requests"]
+    taken = {k: str(v) for k, v in request["exactly"]["capacity"]["requests"].items()}
+    config = NetConfig(apiVersion="net.resource.example.com/v1alpha1", kind="NetConfig")
+    env = share_env("nic-0", devicehost.Share("s", taken), config)
+    said = re.search(r"gets `(NET_DEVICE_0_INGRESS_RATE)=(\d+)`", (ROOT / "docs" / "dra.md").read_text())
+    assert said is not None
+    assert env[said[1]] == said[2]
+    assert env["NET_DEVICE_0_SHARE_ID"] == "s"
 
 
 def test_the_walkthrough_layout_lists_its_files() -> None:

@@ -207,7 +207,7 @@ def container_env(
     """:func:`printed_env` of a container given devices of ``driver`` (it must say so in
     ``DRA_RESOURCE_DRIVER_NAME``); its GPU and DRA lines go to kit.notes (after ``tag``) and out."""
     env = printed_env(kit, namespace, pod, container)
-    shown = sorted(f"{k}={v}" for k, v in env.items() if k.startswith(("GPU_DEVICE_", "DRA_")))
+    shown = sorted(f"{k}={v}" for k, v in env.items() if k.startswith(("GPU_DEVICE_", "NET_DEVICE_", "DRA_")))
     kit.notes.append(f"{tag} {namespace} {pod}/{container}: {' '.join(shown)}")
     print(f"{namespace} {pod}/{container}:", *shown, sep="\n  ")
     assert env.get("DRA_RESOURCE_DRIVER_NAME") == driver, shown

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
@@ -104,7 +104,7 @@ class ApiServerStandIn:
         if self.stored.pop(name, None) is not None:
             for queue in self._deletions:
                 queue.put_nowait(name)
-            self._bump()
+            self.changed.set()
 
     def devices(self, driver: str) -> list[tuple[str, str]]:
         """(pool, device) of every published device of ``driver``, slice by slice."""
@@ -135,26 +135,18 @@ class ApiServerStandIn:
 
         ``request`` may be ``request/subrequest`` (a prioritized list's choice); ``config`` is the
         claim's opaque parameters for ``driver`` and the request; an ``admin_access`` claim may
-        take devices other claims hold (and takes none from them); ``devices`` names the ones
-        to take. A device that allows multiple allocations is never taken whole: each claim gets
-        a share of it, with a new share ID, taking ``consumed`` of its capacities (the rest: each
-        one's request policy default, else all of it). Capacity is not counted across shares.
+        take devices other claims hold; ``devices`` names the ones to take. Of a device that
+        allows multiple allocations the claim gets a new share (:func:`share_of`, ``consumed``).
         """
         entries = self._entries(driver)
-        taken = {(d.pool, d.device) for c in self.claims.values() for d in c.devices if not d.admin_access}
-        free = [
-            d
-            for d, entry in entries.items()
-            if (admin_access or d not in taken or entry.get("allowMultipleAllocations"))
-            and (not devices or d[1] in devices)
-        ]
+        free = free_devices(entries, self.claims.values(), admin_access, devices)
         if len(free) < count:
             raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
         uid = str(uuid.uuid4())
         name = name or f"claim-{uid[:8]}"
         chosen = tuple(
             AllocatedDevice(
-                request, driver, pool, device, admin_access, *_share(entries[pool, device], consumed)
+                request, driver, pool, device, admin_access, *share_of(entries[pool, device], consumed)
             )
             for pool, device in free[:count]
         )
@@ -175,9 +167,6 @@ class ApiServerStandIn:
             body = {**body, "spec": {**body["spec"], "devices": devices}}
         stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
         self.stored[body["metadata"]["name"]] = stored
-        self._bump()
-
-    def _bump(self) -> None:
         self.changed.set()
 
     def _check(self) -> None:
@@ -185,9 +174,29 @@ class ApiServerStandIn:
             raise ClusterError(self.down)
 
 
-def _share(device: Mapping[str, Any], consumed: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:
-    """A new share ID and what the share takes, for a device that allows multiple allocations;
-    ("", {}) for one taken whole."""
+def free_devices(
+    entries: Mapping[tuple[str, str], Mapping[str, Any]],
+    claims: Iterable[ClaimAllocation],
+    admin_access: bool,
+    devices: Sequence[str],
+) -> list[tuple[str, str]]:
+    """(pool, device) of the published ``entries`` a new claim may take: those no claim holds
+    whole (any, for ``admin_access``; a shared one always), of ``devices`` when named."""
+    taken = {(d.pool, d.device) for c in claims for d in c.devices if not d.admin_access}
+    return [
+        d
+        for d, entry in entries.items()
+        if (admin_access or d not in taken or entry.get("allowMultipleAllocations"))
+        and (not devices or d[1] in devices)
+    ]
+
+
+def share_of(
+    device: Mapping[str, Any], consumed: Mapping[str, str] | None = None
+) -> tuple[str, dict[str, str]]:
+    """A new share ID and what the share takes (``consumed``, the rest at each capacity's request
+    policy default, else all of it) of the published ``device`` that allows multiple allocations,
+    as the scheduler allocates it; ("", {}) for one taken whole."""
     if not device.get("allowMultipleAllocations"):
         return "", {}
     taken = {

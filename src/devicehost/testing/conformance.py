@@ -14,8 +14,9 @@ exception, and the wire checks are skipped rather than each timing out. The ``dr
 ``dra-health``, and for claims as real drivers get them ``dra-config`` (a configuration the
 backend's claim config model takes, from its JSON schema ``examples``, reaches the hook as an
 instance of it), ``dra-config-refused`` (one it refuses fails that claim alone), ``dra-admin-access``
-(an admin-access claim shares a device a normal claim holds) and ``dra-subrequest`` (a prioritized
-list's ``request/subrequest``). A backend whose resources all declare ``serve_through="dra"``
+(an admin-access claim shares a device a normal claim holds), ``dra-subrequest`` (a prioritized
+list's ``request/subrequest``) and, for a backend with a device that allows multiple allocations,
+``dra-shares`` (two shares of it prepared, each with its share ID, and released apart). A backend whose resources all declare ``serve_through="dra"``
 skips the device plugin wire checks.
 """
 
@@ -816,6 +817,45 @@ async def test_dra_subrequest_claims_are_prepared(served: list[Resource], dra: D
     if problems:
         broken(rule, "; ".join(problems[:5]))
     await dra.unprepare(resource, claim, rule)
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_shares_are_prepared_and_released_apart(
+    direct: DirectBackend, served: list[Resource], dra: DraRun
+) -> None:
+    rule = "dra-shares"
+    shared = [
+        (r, d.id)
+        for r in served
+        for d in r.devices
+        if d.allow_multiple_allocations and d.health == Health.HEALTHY
+    ]
+    if not shared:
+        pytest.skip("no healthy device allows multiple allocations: the backend does not share devices")
+    resource, shared_id = shared[0]
+    await _published_names(dra, resource, rule)
+    device = next(d["name"] for d in dra.devices(resource) or () if device_id(d) == shared_id)
+    claims = [dra.claim(resource, [device]) for _ in range(2)]
+    problems = []
+    for claim in claims:
+        answer = await dra.prepare(resource, claim, rule)
+        problems += answer_problems(dra, resource, [device], answer)
+    given = [c.shares.get(shared_id) for claim in claims for _, _, c in dra.allocated(claim) if c is not None]
+    wanted = [dra.cluster.claims[(claim[0], claim[2])].devices[0].share_id for claim in claims]
+    if [s.id if s else None for s in given] != wanted:
+        problems.append(f"{resource.name}: the allocate hook got shares {given}, not the claims' {wanted}")
+    if problems:
+        broken(rule, "; ".join(problems[:5]))
+    await dra.unprepare(resource, claims[0], rule)
+    if direct.implements("devicehost_release") and dra.released_shares != wanted[:1]:
+        broken(
+            rule,
+            f"{resource.name}: unpreparing one share released {dra.released_shares}, not [{wanted[0]!r}]",
+        )
+    if dra.prepared_claims(resource) != 1:
+        broken(rule, f"{resource.name}: unpreparing one share of {device} took the other claim too")
+    await dra.unprepare(resource, claims[1], rule)
 
 
 @dra_check

@@ -38,6 +38,7 @@ from devicehost.host.daemon import Host
 from devicehost.host.dra import names
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from devicehost.standin import DraCallError, DraDevice, KubeletStandIn
+from devicehost.standin.apiserver import share_of
 from devicehost.testing.cluster import ClusterStandIn
 from devicehost.testing.conformance_support import broken
 from devicehost.testing.host import running_host
@@ -188,11 +189,16 @@ class DraRun:
     ) -> ClaimRef:
         """A claim the scheduler allocated ``devices`` (slice device names) of the resource's pool to,
         for ``request`` (``request/subrequest``: a prioritized list's choice), with ``config`` as
-        the claim's opaque parameters for the driver and the request, and admin access or not."""
+        the claim's opaque parameters for the driver and the request, and admin access or not; of
+        a device that allows multiple allocations, a new share at its capacities' defaults."""
         uid = str(uuid.uuid4())
         name = f"conformance-{uid[:8]}"
         driver, pool = self.driver(resource), self.pool(resource)
-        allocated = tuple(AllocatedDevice(request, driver, pool, device, admin_access) for device in devices)
+        published = {d["name"]: d for d in self.devices(resource) or ()}
+        allocated = tuple(
+            AllocatedDevice(request, driver, pool, device, admin_access, *share_of(published.get(device, {})))
+            for device in devices
+        )
         configs = () if config is None else (OpaqueConfig(driver, config, (request.partition("/")[0],)),)
         self.cluster.claims[(NAMESPACE, name)] = ClaimAllocation(uid, allocated, configs)
         return NAMESPACE, uid, name

@@ -187,14 +187,10 @@ class Claims:
         spec_devices: list[cdi.Device] = []
         for (resource, request), chosen in picked.items():
             attached = self._resources[resource]
-            admin = any(p.admin_access for p in chosen)
+            ids = tuple(p.device_id for p in chosen)
             try:
-                config = request_config(self._driver, attached, allocation, request)
-                shares = {p.device_id: p.share for p in chosen if p.share is not None}
-                asked = ClaimRequest(request, claim, uid, config, admin, shares)
-                given = await attached.server.backend.allocate(
-                    resource, tuple(p.device_id for p in chosen), asked
-                )
+                asked = claim_request(self._driver, attached, allocation, request, chosen, (claim, uid))
+                given = await attached.server.backend.allocate(resource, ids, asked)
             except (HookError, _ClaimRefused) as exc:
                 await self._release(devices, "a later allocation of the claim failed", (claim, uid))
                 raise _ClaimRefused(str(exc)) from None
@@ -220,6 +216,21 @@ class Claims:
         for resource, ids in claim.by_resource().items():
             hold(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
+
+
+def claim_request(
+    driver: str,
+    attached: Attached,
+    allocation: ClaimAllocation,
+    request: str,
+    chosen: Sequence[Picked],
+    claim: tuple[str, str],
+) -> ClaimRequest:
+    """What the allocate hook gets for ``request``: its configuration, admin access and shares."""
+    config = request_config(driver, attached, allocation, request)
+    admin = any(p.admin_access for p in chosen)
+    shares = {p.device_id: p.share for p in chosen if p.share is not None}
+    return ClaimRequest(request, claim[0], claim[1], config, admin, shares)
 
 
 def request_config(driver: str, attached: Attached, allocation: ClaimAllocation, request: str) -> object:
