@@ -5,6 +5,7 @@ unprepared (release hook), and the slices go when the host stops; a restart keep
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -15,7 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from devicehost import Health
+import devicehost
+from devicehost import Health, TaintEffect
 from devicehost.host.daemon import Host
 from devicehost.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
 from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
@@ -171,6 +173,41 @@ async def test_health_reaches_the_kubelet_stream_and_the_slice(root: Path) -> No
             example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.HEALTHY)
             await published(cluster, 4)
             stream.cancel()
+
+
+class TaintChoosingBackend(ExampleBackend):
+    """The example backend, its widgets declaring the taint effect their unhealthy devices get."""
+
+    def __init__(self, effect: TaintEffect) -> None:
+        super().__init__()
+        self.effect: TaintEffect = effect
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[devicehost.Resource]:
+        return [dataclasses.replace(r, unhealthy_taint=self.effect) for r in super().devicehost_discover()]
+
+
+@pytest.mark.parametrize(
+    ("chosen", "operator", "effect"),
+    [("NoExecute", {}, "NoExecute"), ("NoExecute", {"dra_unhealthy_taint": "NoSchedule"}, "NoSchedule"),
+     ("none", {}, None)],
+)  # fmt: skip
+async def test_the_backend_chooses_the_taint_effect_unless_the_operator_does(
+    root: Path, chosen: TaintEffect, operator: dict[str, str], effect: str | None
+) -> None:
+    cluster = ClusterStandIn()
+    cluster.device_taints_kept = True
+    backend = TaintChoosingBackend(chosen)
+    async with dra_host(root, cluster, backend, **operator):
+        await published(cluster, 4)
+        backend.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.UNHEALTHY)
+        if effect is None:  # withdrawn, not tainted
+            body = await published(cluster, 3)
+            assert all("taints" not in d for d in body["spec"]["devices"])
+            return
+        await cluster.wait(lambda c: any("taints" in d for d in c.stored[SLICE]["spec"]["devices"]))
+        (taint,) = {d["name"]: d for d in cluster.stored[SLICE]["spec"]["devices"]}["widget-1"]["taints"]
+        assert taint["effect"] == effect
 
 
 async def test_an_unhealthy_device_keeps_its_place_with_a_taint_where_the_api_has_taints(root: Path) -> None:

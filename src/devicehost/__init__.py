@@ -23,6 +23,7 @@ from devicehost.hookspecs import (
     Resource,
     ResourceNotifier,
     Share,
+    TaintEffect,
     Version,
     hookimpl,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Resource",
     "ResourceNotifier",
     "Share",
+    "TaintEffect",
     "Version",
     "__version__",
     "cdi",

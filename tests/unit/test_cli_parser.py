@@ -127,6 +127,7 @@ SAMPLES = {
     ),
     "node_name": ("node-a", "node-a"),
     "kubeconfig": ("/x/kubeconfig", Path("/x/kubeconfig")),
+    "dra_unhealthy_taint": ("NoExecute", "NoExecute"),
 }
 """Keys whose type alone does not give a valid non-default value (see :func:`sample`)."""
 

@@ -19,6 +19,7 @@ from devicehost.hookspecs.types import (
     Resource,
     ResourceNotifier,
     Share,
+    TaintEffect,
     Version,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "Resource",
     "ResourceNotifier",
     "Share",
+    "TaintEffect",
     "Version",
     "hookimpl",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import get_args
 
 from devicehost.hookspecs.types import (
     Capacity,
@@ -16,6 +17,7 @@ from devicehost.hookspecs.types import (
     DeviceSpec,
     Mount,
     Resource,
+    TaintEffect,
     Version,
     health_value_problem,
 )
@@ -32,6 +34,8 @@ _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE]|[eE][0-9]+)?")
 _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
 SERVE_THROUGH = (None, "device-plugin", "dra", "both")
+TAINT_EFFECTS: tuple[str | None, ...] = (None, *get_args(TaintEffect))
+"""What ``Resource.unhealthy_taint`` may be."""
 MAX_COUNTERS = 32
 """Counters in all of a pool's counter sets (``resource.k8s.io/v1``)."""
 _DNS1123_LABEL_RE = re.compile(_DNS1123_LABEL)
@@ -179,6 +183,11 @@ def discovery_problem(answer: object) -> str | None:
             return (
                 f"{resource.name}: serve_through {resource.serve_through!r:.100} must be one of"
                 f" {', '.join(map(repr, SERVE_THROUGH[1:]))} or None"
+            )
+        if resource.unhealthy_taint not in TAINT_EFFECTS:
+            return (
+                f"{resource.name}: unhealthy_taint {resource.unhealthy_taint!r:.100} must be one of"
+                f" {', '.join(map(repr, TAINT_EFFECTS[1:]))} or None"
             )
         problem = counter_sets_problem(resource)
         if problem:

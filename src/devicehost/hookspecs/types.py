@@ -65,6 +65,9 @@ def health_value_problem(health: object) -> str | None:
 Api = Literal["device-plugin", "dra", "both"]
 """The kubelet API a resource is served through: extended resources, DRA, or both."""
 
+TaintEffect = Literal["NoSchedule", "NoExecute", "none"]
+"""DRA: the effect of an unhealthy device's taint, or ``none``: the device is withdrawn instead."""
+
 
 class Version(str):
     """DRA only: a device attribute that is a semantic version (``Version("1.0.0")``).
@@ -176,6 +179,10 @@ class Resource:
     :param counter_sets: DRA only: shared counters its devices consume from, by counter set
         name and counter (``{"gpu-0": {"memory": "80Gi", "compute": 100}}``): one set per
         physical device whose partitions are published as devices (:attr:`Device.consumes`).
+    :param unhealthy_taint: DRA only: the effect of the taint an unhealthy device keeps in its
+        ResourceSlice where the API server has device taints: ``NoSchedule`` (new claims stay
+        away), ``NoExecute`` (pods using it are evicted too) or ``none`` (withdrawn instead); the
+        operator's ``dra_unhealthy_taint`` wins when set; None: ``NoSchedule``.
     """
 
     name: str
@@ -184,6 +191,7 @@ class Resource:
     counter_sets: Mapping[str, Mapping[str, int | str]] = field(
         default_factory=dict, kw_only=True, hash=False
     )
+    unhealthy_taint: TaintEffect | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse devices that are not :class:`Device`, naming the first; a list becomes a tuple."""

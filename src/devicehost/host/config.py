@@ -212,11 +212,12 @@ class HostConfig(BaseModel):
         DEFAULT_DRA_PLUGINS_DIR,
         description="the kubelet's plugins dir: each DRA driver's socket goes in <dir>/<driver>/",
     )
-    dra_unhealthy_taint: Annotated[Literal["NoSchedule", "NoExecute", "none"], NEXT_START] = Field(
-        "NoSchedule",
+    dra_unhealthy_taint: Annotated[Literal["NoSchedule", "NoExecute", "none"] | None, NEXT_START] = Field(
+        None,
         description="the effect of the taint (devicehost.io/unhealthy) an unhealthy device keeps "
         "in its ResourceSlice where the API server has device taints (DRADeviceTaints); none, or "
-        "an API server without them: the device is withdrawn from the slice instead",
+        "an API server without them: the device is withdrawn from the slice instead; unset: what "
+        "the resource's backend chose (Resource.unhealthy_taint), else NoSchedule",
     )
     node_name: Annotated[str, NEXT_START] = Field(
         "",

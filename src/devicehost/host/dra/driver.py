@@ -65,8 +65,9 @@ class DraSetup:
     """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
     cdi_dir: Path | None = None
     """The host's ``cdi_dir``, where each claim's CDI spec goes."""
-    unhealthy_taint: str = "NoSchedule"
-    """The effect of an unhealthy device's taint, where the API keeps taints; "none": withdraw it."""
+    unhealthy_taint: str | None = None
+    """The effect of an unhealthy device's taint, where the API keeps taints; "none": withdraw it;
+    None: each resource's own choice (``Resource.unhealthy_taint``), else NoSchedule."""
 
 
 class Changes:
@@ -113,7 +114,7 @@ class DraDriver:
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
-        self._tainting: asyncio.Future[str | None] | None = None
+        self._tainting: asyncio.Future[bool] | None = None
 
     async def start(self) -> None:
         """Read the checkpoint, serve DRAPlugin, then the registration socket; start publishing.
@@ -201,8 +202,13 @@ class DraDriver:
         """Publish the resource's devices now and after every change of its table."""
         if self._tainting is None:  # asked once a driver, before its first slice
             self._tainting = asyncio.ensure_future(taint_effect(self._setup, self.name, self.log))
-        effect = await self._tainting
-        self.claims.tainted = effect is not None
+        kept = await self._tainting
+        effect = (self._setup.unhealthy_taint or server.unhealthy_taint or "NoSchedule") if kept else None
+        effect = None if effect == "none" else effect
+        self.claims.tainted = self.claims.tainted or effect is not None
+        if kept:
+            self.log.info("unhealthy devices stay published with a taint", key=UNHEALTHY_TAINT,
+                          resource=server.name, effect=effect or "none (withdrawn)")  # fmt: skip
         await follow(server, pool, self._setup.node, self.name, self.publisher, self.changes, effect)
 
     def health(self) -> list[DeviceHealth]:
@@ -230,25 +236,19 @@ class DraDriver:
             self.log.error("the kubelet refused the driver", error=error)
 
 
-async def taint_effect(
-    setup: DraSetup, driver: str, log: structlog.typing.FilteringBoundLogger
-) -> str | None:
-    """The effect unhealthy devices are tainted with, or None when they are withdrawn instead
-    (the operator's choice, or an API server that drops device taints), said once."""
+async def taint_effect(setup: DraSetup, driver: str, log: structlog.typing.FilteringBoundLogger) -> bool:
+    """Whether unhealthy devices may stay published with a taint (else they are withdrawn: the
+    operator's choice, or an API server that drops device taints), said once."""
     if setup.unhealthy_taint == "none":
-        return None
+        return False
     try:
         kept = await setup.cluster.device_taints(setup.node, driver)
     except ClusterError as exc:
         log.warning("unhealthy devices are withdrawn: the API server's device taints unknown", error=str(exc))
-        return None
+        return False
     if not kept:
         log.info("unhealthy devices are withdrawn: the API server drops device taints (DRADeviceTaints off)")
-        return None
-    log.info(
-        "unhealthy devices stay published with a taint", key=UNHEALTHY_TAINT, effect=setup.unhealthy_taint
-    )
-    return setup.unhealthy_taint
+    return kept
 
 
 async def follow(

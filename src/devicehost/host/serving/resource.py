@@ -65,6 +65,8 @@ class ResourceServer:
         self.name = resource.name
         self.health_interval = interval
         self.table = DeviceTable(resource.devices, resource.counter_sets)
+        self.unhealthy_taint = resource.unhealthy_taint
+        """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
         self.socket = ServedSocket(
