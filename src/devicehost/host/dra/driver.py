@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,14 +21,16 @@ import grpc
 import structlog
 
 from devicehost.hookspecs.types import Health
-from devicehost.host.dra import names
-from devicehost.host.dra.checkpoint import Checkpoint
+from devicehost.host.dra import claim_status, names
+from devicehost.host.dra.binding import BindingWatch
+from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Attached, Claims, hold
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import (
     HEALTH_SERVICE,
     SERVICE,
+    ClaimRef,
     DeviceHealth,
     DraHealthServicer,
     DraPluginServicer,
@@ -113,6 +115,7 @@ class DraDriver:
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
+        self.binding = BindingWatch(name, setup.cluster, self.resources, self.log)
         self._tainting: asyncio.Future[str | None] | None = None
 
     async def start(self) -> None:
@@ -143,7 +146,7 @@ class DraDriver:
     async def _serve(self) -> None:
         dra = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraPluginServicer(self.claims.prepare, self.claims.unprepare), dra
+            DraPluginServicer(self._prepare, self.claims.unprepare), dra
         )
         health_grpc.add_DRAResourceHealthServicer_to_server(
             DraHealthServicer(self.health, self.changes.wait), dra
@@ -167,6 +170,7 @@ class DraDriver:
         if self._publishing is not None:  # first: only the withdrawal below deletes the slices
             self._publishing.cancel()
             await asyncio.gather(self._publishing, return_exceptions=True)
+        await self.binding.stop()
         for name in list(self.resources):
             self.detach(name)
         await self.publisher.withdraw_all()
@@ -188,6 +192,14 @@ class DraDriver:
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
         held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
         hold(server, held, True)  # prepared before a restart too
+        if server.backend.implements(claim_status.HOOK):
+            self.binding.start()
+
+    async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        """Prepare the claims, then write the status of those prepared (the device status hook)."""
+        answers = await self.claims.prepare(claims)
+        await self.binding.after_prepare(answers, claims)
+        return answers
 
     def detach(self, resource: str) -> None:
         """Stop publishing ``resource``; its prepared claims stay in the checkpoint."""
