@@ -17,10 +17,11 @@ import socket
 import threading
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import ConfigDict, Field, NonNegativeInt
 
 import devicehost
-from devicehost import ClaimRequest, ContainerAllocation, Device, Resource, Version
+from devicehost import ClaimRequest, ContainerAllocation, Device, DeviceStatus, Resource, Version
+from devicehost_dra_example.binding import BindingSettings, binding_fields, device_status
 from devicehost_dra_example.config import DEFAULT, GpuConfig
 
 DRIVER = "gpu.example.com"
@@ -32,7 +33,7 @@ COMPUTE = 100
 GI = 2**30
 
 
-class Settings(BaseModel):
+class Settings(BindingSettings):
     """``backends.dra-example`` in the host config."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -75,7 +76,16 @@ def gpus(settings: Settings, seed: str) -> Resource:
         }  # fmt: skip
         whole: dict[str, int | str] = {"memory": f"{MEMORY_GI}Gi", "compute": COMPUTE}
         if not parts:
-            devices.append(Device(f"gpu-{i}", attributes=attributes, capacity=whole))
+            conditions, failures = binding_fields(settings)
+            devices.append(
+                Device(
+                    f"gpu-{i}",
+                    attributes=attributes,
+                    capacity=whole,
+                    binding_conditions=conditions,
+                    binding_failure_conditions=failures,
+                )
+            )
             continue
         counters = f"gpu-{i}-counters"
         counter_sets[counters] = whole
@@ -153,3 +163,12 @@ class DraExampleBackend:
                 key = device.removeprefix("gpu-").upper().replace("-", "_")
                 envs[f"GPU_DEVICE_{key}_RESOURCE_CLAIM"] = claim.uid
         return ContainerAllocation(envs=envs)
+
+    @devicehost.hookimpl
+    def devicehost_device_status(
+        self, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool
+    ) -> dict[str, DeviceStatus]:
+        with self._lock:
+            settings, node = self._settings, self._node()
+        gpu = {d.id: d for d in gpus(settings, node).devices}
+        return device_status(settings, {i: gpu[i].attributes for i in device_ids if i in gpu}, prepared)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -43,9 +43,11 @@ class BindingWatch:
         driver: str,
         cluster: Cluster,
         resources: Mapping[str, Attached],
+        changed: Callable[[int], Awaitable[int]],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self._driver = driver
+        self._changed = changed
         self._cluster = cluster
         self._resources = resources
         self.log = log
@@ -56,12 +58,27 @@ class BindingWatch:
         """Claims followed until they awaited nothing more (conditions True, failed, or gone)."""
 
     def start(self) -> None:
-        """Watch the claims (once: later calls do nothing)."""
+        """Start :meth:`run` (once: later calls do nothing)."""
         if self._watching is None:
             self._watching = asyncio.create_task(self.run(), name=f"binding {self._driver}")
 
+    def wanted(self) -> bool:
+        """Whether a resource of the driver has a device with binding conditions (and a backend
+        with the hook, which discovery requires of it)."""
+        return any(
+            d.binding_conditions
+            for a in self._resources.values()
+            if a.server.backend.implements(HOOK)
+            for d in a.server.table.devices
+        )
+
     async def run(self) -> None:
-        """Watch the claims for ever, the watch started again with backoff when it breaks."""
+        """Once a device has binding conditions, watch the claims for ever, the watch started again
+        with backoff when it breaks (no watch while none has: it would read every claim for nothing)."""
+        seen = -1
+        while not self.wanted():
+            seen = await self._changed(seen)
+        self.log.info("watching ResourceClaims: devices have binding conditions")
         failures = 0
         while True:
             try:

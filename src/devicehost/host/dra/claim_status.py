@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 HOOK = "devicehost_device_status"
 WRITE_TRIES = 5
 """Status writes tried on a claim that keeps changing under them (409 Conflict) before giving up."""
+EMPTY = DeviceStatus()
+"""A status that says nothing: no entry is written for it."""
 AFTER_PREPARE_TIMEOUT = 10.0
 """Seconds the status of a claim just prepared may take (the kubelet waits for the answer)."""
 
@@ -109,9 +111,8 @@ async def write_status(
             return False
         answers = await _ask(claim, chosen, driver, prepared)
         before = _statuses(claim)
-        devices = merged(
-            before, [entry(d.result, answers[d], _find(before, d.result)) for d in chosen if d in answers]
-        )
+        said = [d for d in chosen if d in answers and answers[d] != EMPTY]
+        devices = merged(before, [entry(d.result, answers[d], _find(before, d.result)) for d in said])
         if devices == before:
             return bool(awaiting(claim, ours))
         written = {**claim, "status": {**claim.get("status", {}), "devices": devices}}

@@ -21,7 +21,7 @@ import grpc
 import structlog
 
 from devicehost.hookspecs.types import Health
-from devicehost.host.dra import claim_status, names
+from devicehost.host.dra import names
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Attached, Claims, hold
@@ -115,7 +115,7 @@ class DraDriver:
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
-        self.binding = BindingWatch(name, setup.cluster, self.resources, self.log)
+        self.binding = BindingWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
         self._tainting: asyncio.Future[str | None] | None = None
 
     async def start(self) -> None:
@@ -139,6 +139,7 @@ class DraDriver:
             await self._stop_servers()
             raise
         self._publishing = asyncio.create_task(self.publisher.run(), name=f"publish {self.name}")
+        self.binding.start()
         self.log.info(
             "serving DRA", socket=str(self._dra_socket.path), registration=str(self._registration_socket.path)
         )
@@ -192,8 +193,6 @@ class DraDriver:
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
         held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
         hold(server, held, True)  # prepared before a restart too
-        if server.backend.implements(claim_status.HOOK):
-            self.binding.start()
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Prepare the claims, then write the status of those prepared (the device status hook)."""
