@@ -62,14 +62,15 @@ def test_example_backend_conforms(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example")
     assert (code, broken) == (0, {}), output
     assert "passed" in output
-    assert "8 deselected" in output  # the DRA checks run only when asked for
+    assert "9 deselected" in output  # the DRA checks run only when asked for
 
 
 def test_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example", dra=True)
     assert (code, broken) == (0, {}), output
-    # preferred-allocation, and dra-config-refused (no claim config model): every other DRA check ran
-    assert "passed, 2 skipped" in output
+    # preferred-allocation, dra-config-refused (no claim config model) and dra-device-status (no
+    # status hook): every other DRA check ran
+    assert "passed, 3 skipped" in output
     assert "deselected" not in output
 
 
@@ -79,7 +80,7 @@ def test_dra_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     assert (code, broken) == (0, {}), output
     # the device plugin wire checks (served through DRA only), health both ways, preferred
     # allocation, start/stop, release: the backend implements none of them
-    assert "19 passed, 11 skipped" in output
+    assert "20 passed, 11 skipped" in output
 
 
 BROKEN_DRA = """

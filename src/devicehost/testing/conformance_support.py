@@ -56,6 +56,7 @@ RULES = {
     "dra-config-refused": "a claim whose configuration the model refuses (an unknown key) fails alone, naming the key path, without an allocate call, and the other claims of the same call are prepared: a model refuses with ValueError (pydantic's ValidationError), never another exception",
     "dra-admin-access": "an admin-access claim of a device a normal claim holds is prepared (the hook gets admin_access=True: it must not refuse a device another claim holds), and unpreparing it leaves the normal claim prepared",
     "dra-subrequest": "a claim a prioritized list allocated (request 'request/subrequest') is prepared, its devices answered for 'request/subrequest' with valid CDI names a spec in the CDI dir defines",
+    "dra-device-status": "a backend with devicehost_device_status answers for the devices it is asked about with well-formed devicehost.DeviceStatus values (before and after prepare), and reports a device's binding conditions until the host sees them all True (a claim of the device becomes bindable)",
     "dra-health": "a device the backend makes Unhealthy leaves its ResourceSlice and comes back when Healthy again (devicehost_conformance_set_health)",
 }
 """The ``dra-*`` rules run only with ``--devicehost-dra`` (see :mod:`devicehost.testing.conformance_dra`)."""
