@@ -210,6 +210,25 @@ def test_simulate_kubelet_serves_a_dra_backend_and_shows_a_sample_claim(
     assert daemon.stop(signal.SIGINT) == 0
 
 
+def test_simulate_kubelet_shows_binding_conditions_and_the_claim_status(
+    env: dict[str, str], daemons: list[Daemon]
+) -> None:
+    settings = '{"dra-example": {"num_gpus": 1, "binding_conditions": true, "device_status": true}}'
+    daemon = Daemon(
+        ["run", "--simulate-kubelet", "--backend", "dra-example", "--backend-settings", settings], env
+    )
+    daemons.append(daemon)
+    bound = daemon.wait_for("sample claim bound: its binding conditions are True", driver="gpu.example.com")
+    (waited,) = bound["status_devices"]
+    assert [(c["type"], c["status"], c["reason"]) for c in waited["conditions"]] == [
+        ("BindingConditions", "True", "Ready")
+    ]
+    prepared = daemon.wait_for("sample claim prepared", driver="gpu.example.com")
+    (status,) = prepared["status_devices"]
+    assert status["data"]["model"] == "LATEST-GPU-MODEL"
+    assert daemon.stop(signal.SIGINT) == 0
+
+
 def test_backends_command_lists_status_and_resources(env: dict[str, str]) -> None:
     result = run_cli("backends", env=env)
     assert result.returncode == 0, result.stderr

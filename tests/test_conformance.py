@@ -62,15 +62,15 @@ def test_example_backend_conforms(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example")
     assert (code, broken) == (0, {}), output
     assert "passed" in output
-    assert "9 deselected" in output  # the DRA checks run only when asked for
+    assert "10 deselected" in output  # the DRA checks run only when asked for
 
 
 def test_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example", dra=True)
     assert (code, broken) == (0, {}), output
-    # preferred-allocation, dra-config-refused (no claim config model) and dra-shares (no shared
-    # device): every other DRA check ran
-    assert "passed, 3 skipped" in output
+    # preferred-allocation, dra-config-refused (no claim config model), dra-shares (no shared
+    # device) and dra-device-status (no status hook): every other DRA check ran
+    assert "passed, 4 skipped" in output
     assert "deselected" not in output
 
 
@@ -80,14 +80,14 @@ def test_dra_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     assert (code, broken) == (0, {}), output
     # the device plugin wire checks (served through DRA only), health both ways, preferred
     # allocation, start/stop, release: the backend implements none of them
-    assert "19 passed, 12 skipped" in output  # and dra-shares: its GPUs are not shared by default
+    assert "20 passed, 12 skipped" in output  # and dra-shares: its GPUs are not shared by default
 
 
 def test_dra_example_net_backend_conforms_with_its_shared_nics(short_tmp: Path) -> None:
     """The net profile: every NIC allows multiple allocations, so dra-shares runs and passes."""
     code, broken, output = conformance(short_tmp, "dra-example-net", {"num_nics": 2}, dra=True)
     assert (code, broken) == (0, {}), output
-    assert "20 passed, 11 skipped" in output  # the port's 19, and dra-shares
+    assert "20 passed, 12 skipped" in output  # dra-shares runs; dra-device-status: no status hook
 
 
 BROKEN_DRA = """

@@ -41,7 +41,8 @@ DRA_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 # What the host does with the API server (host/dra/kube.py): (API group, resource) -> verbs.
 DRA_RBAC = {
     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
-    ("resource.k8s.io", "resourceclaims"): {"get"},
+    ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
+    ("resource.k8s.io", "resourceclaims/status"): {"update"},
     ("", "nodes"): {"get"},
 }
 # The oldest Kubernetes these manifests promise to fit, and the newest schemas installed.

@@ -112,3 +112,14 @@ def taint_probe(node: str, driver: str) -> dict[str, Any]:
             "devices": [{"name": "probe", "taints": [{"key": UNHEALTHY_TAINT, "effect": "NoSchedule"}]}],
         },
     }
+
+
+# -- claim status ---------------------------------------------------------------------------------
+
+
+class Conflict(ClusterError):
+    """A write named a resourceVersion that is no longer the object's: read it again and retry."""
+
+
+CLAIM_EVENTS = ("ADDED", "MODIFIED", "DELETED")
+"""What :meth:`~devicehost.host.dra.cluster.Cluster.claim_events` says happened to a claim."""

@@ -8,8 +8,9 @@ from typing import Any
 import httpx2
 import pytest
 from lightkube import ApiError
+from lightkube.resources.resource_v1 import ResourceClaimStatus
 
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, Conflict, OpaqueConfig
 from devicehost.host.dra.kube import _errors, _NotFound, claim_allocation
 
 
@@ -141,3 +142,38 @@ def test_a_transport_error_is_one_line_naming_what_was_done(error: Exception, sa
 def test_other_errors_pass_through() -> None:
     with pytest.raises(KeyError), _errors("anything"):
         raise KeyError("a bug, not the API server")
+
+
+def test_a_conflict_is_its_own_error_a_status_writer_retries_on() -> None:
+    with pytest.raises(Conflict) as caught, _errors("writing the status of ResourceClaim default/c"):
+        raise api_error(409, "Conflict", "the object has been modified")
+    assert str(caught.value).startswith("writing the status of ResourceClaim default/c: 409 Conflict")
+
+
+def test_a_claim_with_device_status_survives_the_status_model() -> None:
+    """What the host writes into ``status.devices`` goes through lightkube's status model unchanged."""
+    body = claim_json(
+        {"results": [{"request": "gpu", "driver": "example.com", "pool": "n/w", "device": "w0"}]}
+    )
+    body["metadata"]["resourceVersion"] = "7"
+    body["status"]["allocation"].pop("nodeSelector")
+    written = {
+        "driver": "example.com",
+        "pool": "n/w",
+        "device": "w0",
+        "conditions": [
+            {
+                "type": "Attached",
+                "status": "True",
+                "reason": "Ready",
+                "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+        "data": {"vf": 3},
+        "networkData": {"interfaceName": "net1", "ips": ["10.9.8.7/24"]},
+    }
+    body["status"]["devices"] = [written]
+    round_trip = ResourceClaimStatus.from_dict(body).to_dict()
+    assert round_trip["status"]["devices"] == [written]
+    assert round_trip["metadata"]["resourceVersion"] == "7"

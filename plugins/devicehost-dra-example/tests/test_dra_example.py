@@ -318,3 +318,57 @@ def test_quantities_become_whole_numbers(text: str, value: int) -> None:
 def test_a_burst_of_4gb_or_more_is_refused() -> None:
     with pytest.raises(ValidationError, match=r"bwBurst\.ingressBurst"):
         NetConfig.model_validate(NET_CONFIG | {"bwBurst": {"ingressBurst": 8 * 2**32}})
+
+
+async def test_binding_conditions_hold_a_claim_until_the_ready_file_exists(root: Path) -> None:
+    """The reference's binding-conditions scenario: the GPU is published with its condition names,
+    its claim waits (BindingConditions False) until the ready file exists, then is bindable; once
+    prepared, the claim's status carries the GPU's uuid, model and driver version."""
+    cluster, ready = ClusterStandIn(), root / "gpu-ready"
+    settings = {
+        "num_gpus": 1,
+        "binding_conditions": True,
+        "binding_ready_file": str(ready),
+        "device_status": True,
+    }
+    async with served(root, cluster, DraExampleBackend(), **settings) as where:
+        (body,) = cluster.stored.values()
+        (device,) = body["spec"]["devices"]
+        assert device["bindingConditions"] == ["BindingConditions"]
+        assert device["bindingFailureConditions"] == ["BindingFailureConditions"]
+        ref = cluster.allocate(DRIVER, request="gpu")
+        await cluster.wait(lambda c: bool(c.device_statuses(ref[0], ref[2])))
+        (waiting,) = cluster.device_statuses(ref[0], ref[2])[0]["conditions"]
+        assert (waiting["type"], waiting["status"], waiting["reason"]) == (
+            "BindingConditions",
+            "False",
+            "Attaching",
+        )
+        assert not cluster.bindable(ref[0], ref[2])
+        ready.touch()
+        await cluster.wait(lambda c: c.bindable(ref[0], ref[2]))
+        env = await prepared_env(root, where, ref)
+        (status,) = cluster.device_statuses(ref[0], ref[2])
+    assert gpus(env) == ["gpu-0"]
+    (condition,) = status["conditions"]
+    assert (condition["status"], condition["reason"], condition["message"]) == (
+        "True",
+        "Ready",
+        "Device is ready",
+    )
+    assert status["data"] == {
+        "uuid": gpu_uuids("node-a", 1)[0],
+        "model": "LATEST-GPU-MODEL",
+        "driverVersion": "1.0.0",
+    }
+
+
+async def test_without_the_settings_nothing_is_written_into_claims(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with served(root, cluster, DraExampleBackend(), num_gpus=1) as where:
+        (device,) = next(iter(cluster.stored.values()))["spec"]["devices"]
+        assert "bindingConditions" not in device
+        ref = cluster.allocate(DRIVER, request="gpu")
+        assert cluster.bindable(ref[0], ref[2])
+        await prepared_env(root, where, ref)
+        assert cluster.device_statuses(ref[0], ref[2]) == []

@@ -6,6 +6,8 @@ breaks. Backends and their tests may call them too.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import get_args
@@ -14,8 +16,11 @@ from devicehost.hookspecs.types import (
     Capacity,
     ContainerAllocation,
     Device,
+    DeviceCondition,
     DeviceSpec,
+    DeviceStatus,
     Mount,
+    NetworkData,
     Resource,
     TaintEffect,
     Version,
@@ -267,6 +272,7 @@ def device_problem(device: Device) -> str | None:
         _attributes_problem(device.attributes)
         or _capacity_problem(device.capacity, device.allow_multiple_allocations)
         or _counters_problem(device.consumes, "consumed counter set")
+        or binding_conditions_problem(device)
     )
     return f"device {device.id!r}: {problem}" if problem else None
 
@@ -355,4 +361,131 @@ def preferred_request_problem(available: Sequence[str], must_include: Sequence[s
             f"cannot pick {size} of {len(available)} available devices including {len(must_include)}"
             " must-include ones (which must all be available)"
         )
+    return None
+
+
+# -- binding conditions and device status (DRA only) ---------------------------------------------
+
+MAX_BINDING_CONDITIONS = 4
+"""Binding conditions, and binding failure conditions, a device may have (each)."""
+MAX_STATUS_CONDITIONS = 8
+MAX_STATUS_DATA = 10 * 1024
+MAX_IPS = 16
+_CONDITION_TYPE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_CONDITION_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
+
+
+def condition_type_problem(name: object) -> str | None:
+    """A condition type: a qualified name (``Ready``, ``example.com/Attached``), as the API checks it."""
+    if not isinstance(name, str):
+        return f"condition type {name!r:.100} must be a string"
+    prefix, slash, short = name.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix)):
+        return f"condition type {name!r:.100}: the prefix {prefix!r:.100} must be a DNS subdomain"
+    if len(short) > 63 or not _CONDITION_TYPE_NAME.fullmatch(short):
+        return (
+            f"condition type {name!r:.100} must be at most 63 characters of [A-Za-z0-9-_.],"
+            " starting and ending with a letter or digit (an optional DNS prefix and '/' before)"
+        )
+    return None
+
+
+def binding_conditions_problem(device: Device) -> str | None:
+    """A device's binding conditions and binding failure conditions: condition types, at most 4
+    each, no repeats, none in both lists, and either both lists or neither (the API's rules)."""
+    lists = (
+        ("binding_conditions", device.binding_conditions),
+        ("binding_failure_conditions", device.binding_failure_conditions),
+    )
+    for what, names in lists:
+        if not isinstance(names, (list, tuple)):
+            return f"{what} {names!r:.100} must be a tuple of condition types"
+        if len(names) > MAX_BINDING_CONDITIONS:
+            return f"{what} has {len(names)} entries, at most {MAX_BINDING_CONDITIONS}"
+        for name in names:
+            problem = condition_type_problem(name)
+            if problem:
+                return f"{what}: {problem}"
+        if len(set(names)) != len(names):
+            return f"{what} {list(names)} repeats a condition"
+    both = set(device.binding_conditions) & set(device.binding_failure_conditions)
+    if both:
+        return f"{sorted(both)} are both binding and binding failure conditions"
+    if bool(device.binding_conditions) != bool(device.binding_failure_conditions):
+        return "binding_conditions and binding_failure_conditions go together: give both or neither"
+    return None
+
+
+def device_status_problem(answer: object, device_ids: Iterable[str]) -> str | None:
+    """What ``devicehost_device_status`` returned: a mapping of the asked device IDs to
+    :class:`DeviceStatus`, each within the API's limits for ``status.devices``."""
+    if not isinstance(answer, Mapping):
+        return f"returned {answer!r:.200}, expected a mapping of device ID to devicehost.DeviceStatus"
+    asked = set(device_ids)
+    for device_id, status in answer.items():
+        if device_id not in asked:
+            return f"answered for device {device_id!r:.100}, which it was not asked about"
+        if not isinstance(status, DeviceStatus):
+            return f"device {device_id!r}: {status!r:.200} is not a devicehost.DeviceStatus"
+        problem = _conditions_problem(status.conditions) or _data_problem(status.data)
+        problem = problem or _network_problem(status)
+        if problem:
+            return f"device {device_id!r}: {problem}"
+    return None
+
+
+def _conditions_problem(conditions: object) -> str | None:
+    if not isinstance(conditions, Mapping):
+        return f"conditions {conditions!r:.100} must be a mapping of type to devicehost.DeviceCondition"
+    if len(conditions) > MAX_STATUS_CONDITIONS:
+        return f"{len(conditions)} conditions, at most {MAX_STATUS_CONDITIONS}"
+    for name, condition in conditions.items():
+        problem = condition_type_problem(name)
+        if problem:
+            return problem
+        if not isinstance(condition, DeviceCondition) or not isinstance(condition.status, bool):
+            return f"condition {name}: {condition!r:.100} must be a devicehost.DeviceCondition with a bool status"
+        if (
+            not isinstance(condition.reason, str)
+            or len(condition.reason) > 1024
+            or not (_CONDITION_REASON.fullmatch(condition.reason))
+        ):
+            return f"condition {name}: reason {condition.reason!r:.100} must be one CamelCase word (at most 1024 characters)"
+        if not isinstance(condition.message, str) or len(condition.message) > 32768:
+            return f"condition {name}: message must be a string of at most 32768 characters"
+    return None
+
+
+def _data_problem(data: object) -> str | None:
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        return f"data {data!r:.100} must be a mapping (JSON) or None"
+    try:
+        size = len(json.dumps(data, separators=(",", ":")).encode())
+    except (TypeError, ValueError) as exc:
+        return f"data is not JSON: {exc}"
+    if size > MAX_STATUS_DATA:
+        return f"data is {size} bytes as JSON, at most {MAX_STATUS_DATA}"
+    return None
+
+
+def _network_problem(status: DeviceStatus) -> str | None:
+    network = status.network
+    if network is None:
+        return None
+    if not isinstance(network, NetworkData):
+        return f"network {network!r:.100} must be a devicehost.NetworkData or None"
+    if not isinstance(network.interface_name, str) or len(network.interface_name) > 256:
+        return f"network interface_name {network.interface_name!r:.100} must be at most 256 characters"
+    if not isinstance(network.hardware_address, str) or len(network.hardware_address) > 128:
+        return f"network hardware_address {network.hardware_address!r:.100} must be at most 128 characters"
+    ips = network.ips
+    if not isinstance(ips, (list, tuple)) or len(ips) > MAX_IPS or len(set(ips)) != len(ips):
+        return f"network ips {ips!r:.200} must be a tuple of at most {MAX_IPS} distinct addresses"
+    for ip in ips:
+        try:
+            ipaddress.ip_interface(ip if isinstance(ip, str) and "/" in ip else "not CIDR")
+        except ValueError:
+            return f"network ip {ip!r:.100} is not in CIDR notation (10.9.8.7/24)"
     return None

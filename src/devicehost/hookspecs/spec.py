@@ -20,6 +20,7 @@ from devicehost.hookspecs.types import (
     ClaimRequest,
     ContainerAllocation,
     Device,
+    DeviceStatus,
     Health,
     PreferredAllocationRequest,
     Resource,
@@ -182,6 +183,31 @@ def devicehost_release(resource: str, device_ids: tuple[str, ...], claim: ClaimR
     :param device_ids: the IDs one container held, now free; for shares, the shared devices.
     :param claim: for shares, the claim request whose shares go (:attr:`ClaimRequest.shares`:
         each device's share ID and what it took); None otherwise. Implementations may omit it.
+    """
+
+
+@_hookspec(firstresult=True)
+def devicehost_device_status(
+    resource: str, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool
+) -> Mapping[str, DeviceStatus] | None:
+    """DRA only: the status of devices allocated to a claim, for the claim's ``status.devices`` (optional).
+
+    Implementing it makes the host call it, and write what it answers into the claim's status:
+
+    - before the pod binds, for a claim that got devices with ``binding_conditions`` (``prepared``
+      False): again every second while any binding condition is not True and no binding failure
+      condition is True, so answer at once with what holds now (``Attached`` False while attaching);
+    - after the kubelet prepared the claim (``prepared`` True): conditions, ``data`` and
+      ``network`` as the pod should see them (the interface and addresses a NIC got, say).
+
+    Called once per claim, resource and request, like the allocate hook. Devices left out of the
+    answer, and condition types left out of a device's status, keep what the claim shows. Stops
+    at first non-None result.
+
+    :param resource: the extended resource name.
+    :param device_ids: the claim's devices of the resource and request.
+    :param claim: the claim request, its configuration and admin access (as for allocate).
+    :param prepared: whether the kubelet has prepared the claim (the pod is bound then).
     """
 
 

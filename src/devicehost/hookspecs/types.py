@@ -135,6 +135,12 @@ class Device:
         while it is allocated, by counter set and counter (``{"gpu-0": {"memory": "20Gi"}}``):
         partitions of one physical device. The scheduler never allocates devices whose
         consumption together exceeds a counter set (see :attr:`Resource.counter_sets`).
+    :param binding_conditions: DRA only: condition types (``"Attached"``, at most 4) that must be
+        True in the claim's status before a pod that got the device may bind to the node: the
+        backend reports them through ``devicehost_device_status`` (a fabric-attached device being
+        attached, say). Needs ``binding_failure_conditions`` too.
+    :param binding_failure_conditions: DRA only: condition types (at most 4, none of the binding
+        conditions) that, once True, make the scheduler give the device up and place the pod anew.
     """
 
     id: str
@@ -145,6 +151,10 @@ class Device:
     capacity: Mapping[str, int | str | Capacity] = field(default_factory=dict, kw_only=True, hash=False)
     allow_multiple_allocations: bool = field(default=False, kw_only=True)
     consumes: Mapping[str, Mapping[str, int | str]] = field(default_factory=dict, kw_only=True, hash=False)
+    # -- binding conditions (DRA only) --
+    binding_conditions: tuple[str, ...] = field(default=(), kw_only=True)
+    binding_failure_conditions: tuple[str, ...] = field(default=(), kw_only=True)
+    # -- end binding conditions --
 
     def __post_init__(self) -> None:
         """Refuse a health that is not a :class:`Health`, quoting it.
@@ -324,3 +334,49 @@ class ResourceNotifier(Protocol):
 
     def rediscover(self) -> None:
         """Ask the host to run discovery for every backend now (new or removed resources)."""
+
+
+# -- device status in a claim (DRA only) ---------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceCondition:
+    """DRA only: one condition of an allocated device, as the claim's ``status.devices`` shows it.
+
+    :param status: True or False.
+    :param reason: one CamelCase word saying why (``Ready``, ``Attaching``).
+    :param message: for people; may be empty.
+    """
+
+    status: bool
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkData:
+    """DRA only: how an allocated network device is reached (``status.devices[].networkData``).
+
+    :param interface_name: the interface in the pod (``eth1``); may be empty.
+    :param ips: addresses in CIDR notation (``10.9.8.7/24``, ``fd00::1/64``), at most 16.
+    :param hardware_address: the MAC address; may be empty.
+    """
+
+    interface_name: str = ""
+    ips: tuple[str, ...] = ()
+    hardware_address: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceStatus:
+    """DRA only: what ``devicehost_device_status`` says of one allocated device.
+
+    :param conditions: by condition type: its binding conditions, its binding failure
+        conditions and any others (at most 8 in all).
+    :param data: driver-specific facts as JSON (a mapping), at most 10 KiB serialized; None: none.
+    :param network: its network data; None: none.
+    """
+
+    conditions: Mapping[str, DeviceCondition] = field(default_factory=dict, hash=False)
+    data: Mapping[str, Any] | None = field(default=None, hash=False)
+    network: NetworkData | None = None

@@ -216,6 +216,7 @@ async def _sample_claim(
         return
     claim = f"{ref[0]}/{ref[2]}"
     try:
+        await _bound(apiserver, ref, labels)
         prepared = (await kubelet.dra.prepare(driver, [ref]))[ref[1]]
         log.info(
             "sample claim prepared",
@@ -224,6 +225,7 @@ async def _sample_claim(
             devices=[f"{d.pool}/{d.device}" for d in prepared],
             cdi_devices=[i for d in prepared for i in d.cdi_ids],
             env=_container_env(cdi_dir, prepared),
+            status_devices=apiserver.device_statuses(ref[0], ref[2]),
         )
         await kubelet.dra.unprepare(driver, [ref])
         log.info("sample claim unprepared", **labels, claim=claim)
@@ -231,6 +233,23 @@ async def _sample_claim(
         log.error("sample claim failed", **labels, claim=claim, error=str(exc))
     finally:
         apiserver.claims.pop((ref[0], ref[2]), None)
+
+
+async def _bound(apiserver: ApiServerStandIn, ref: tuple[str, str, str], labels: dict[str, str]) -> None:
+    """Wait, as the scheduler does before it binds the pod, until every binding condition of the
+    claim's devices is True in its status (at once for devices without any); say so when it waited."""
+    if apiserver.bindable(ref[0], ref[2]):
+        return
+    try:
+        await apiserver.wait(lambda a: a.bindable(ref[0], ref[2]), timeout=10)
+    except TimeoutError:
+        raise DraCallError("binding conditions not True within 10 s") from None
+    log.info(
+        "sample claim bound: its binding conditions are True",
+        **labels,
+        claim=f"{ref[0]}/{ref[2]}",
+        status_devices=apiserver.device_statuses(ref[0], ref[2]),
+    )
 
 
 def _container_env(cdi_dir: Path, devices: Sequence[DraDevice]) -> dict[str, str]:

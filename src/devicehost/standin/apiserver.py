@@ -6,7 +6,8 @@ given to another claim; a subrequest, an admin-access claim and opaque configura
 for), so a claim's whole life runs without a cluster: ``devicehost run --simulate-kubelet``
 serves DRA resources against it, and the test kit and the conformance suite drive claims on it.
 It answers the calls of the host's ``Cluster`` seam (:mod:`devicehost.host.dra.cluster`) with the
-values of :mod:`devicehost.resourceapi`, and imports nothing of the host.
+values of :mod:`devicehost.resourceapi`, and imports nothing of the host. Claims as JSON, their
+``status.devices`` and a watch of them are :mod:`devicehost.standin.claimstatus`'s.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
+from devicehost.standin.claimstatus import ClaimStatuses
 
 NODE_UID = "0f0f0f0f-node-uid"
 
 
-class ApiServerStandIn:
+class ApiServerStandIn(ClaimStatuses):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
 
     def __init__(self) -> None:

@@ -15,8 +15,11 @@ exception, and the wire checks are skipped rather than each timing out. The ``dr
 backend's claim config model takes, from its JSON schema ``examples``, reaches the hook as an
 instance of it), ``dra-config-refused`` (one it refuses fails that claim alone), ``dra-admin-access``
 (an admin-access claim shares a device a normal claim holds), ``dra-subrequest`` (a prioritized
-list's ``request/subrequest``) and, for a backend with a device that allows multiple allocations,
-``dra-shares`` (two shares of it prepared, each with its share ID, and released apart). A backend whose resources all declare ``serve_through="dra"``
+list's ``request/subrequest``); for a backend with a device that allows multiple allocations,
+``dra-shares`` (two shares of it prepared, each with its share ID, and released apart), and for a
+backend with ``devicehost_device_status``, ``dra-device-status`` (it answers for its devices, and a
+claim of a device with binding conditions becomes bindable). A backend whose resources all declare
+``serve_through="dra"``
 skips the device plugin wire checks.
 """
 
@@ -37,13 +40,14 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from devicehost.hookspecs import REQUIRED_HOOKS, rules
-from devicehost.hookspecs.types import Health, PreferredAllocationRequest, Resource
+from devicehost.hookspecs.types import ClaimRequest, Health, PreferredAllocationRequest, Resource
 from devicehost.host.backends.backend import SettingsRefused, checked_settings, hook_implementations
 from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
 from devicehost.standin import AdmissionError, EventKind, KubeletStandIn, ResourceView
 from devicehost.testing.conformance_dra import (
+    REQUEST,
     SUBREQUEST,
     UNKNOWN_KEY,
     DraRun,
@@ -856,6 +860,47 @@ async def test_dra_shares_are_prepared_and_released_apart(
     if dra.prepared_claims(resource) != 1:
         broken(rule, f"{resource.name}: unpreparing one share of {device} took the other claim too")
     await dra.unprepare(resource, claims[1], rule)
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_device_status_answers_for_its_devices(
+    direct: DirectBackend, served: list[Resource], dra: DraRun
+) -> None:
+    rule = "dra-device-status"
+    if not direct.implements("devicehost_device_status"):
+        pytest.skip("no devicehost_device_status: the backend writes nothing into claims' status")
+    resource = _with_healthy(served, rule)
+    published = await dra.published(resource, healthy_ids(resource), rule)
+    await dra.registered(resource, rule)
+    device = published[0]
+    claim = dra.claim(resource, [device["name"]])
+    if device.get("bindingConditions"):
+        await dra.until(
+            lambda run: run.cluster.bindable(claim[0], claim[2]),
+            rule,
+            lambda: (
+                f"{resource.name} {device['name']}: binding conditions {device['bindingConditions']} not"
+                f" all True in the claim's status after {WAIT:g}s ({dra.cluster.device_statuses(claim[0], claim[2])})"
+            ),
+        )
+    await dra.prepare(resource, claim, rule)
+    ids = (device_id(device),)
+    for prepared in (False, True):
+        asked = ClaimRequest(REQUEST, f"{claim[0]}/{claim[2]}", claim[1])
+        answer = _call(
+            rule,
+            f"{resource.name}: devicehost_device_status",
+            direct.hook.devicehost_device_status,
+            resource=resource.name,
+            device_ids=ids,
+            claim=asked,
+            prepared=prepared,
+        )
+        problem = rules.device_status_problem({} if answer is None else answer, ids)
+        if problem:
+            broken(rule, f"{resource.name} {ids[0]} (prepared={prepared}): {problem}")
+    await dra.unprepare(resource, claim, rule)
 
 
 @dra_check

@@ -17,10 +17,11 @@ import socket
 import threading
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import ConfigDict, Field, NonNegativeInt
 
 import devicehost
-from devicehost import Capacity, ClaimRequest, ContainerAllocation, Device, Resource, Version
+from devicehost import Capacity, ClaimRequest, ContainerAllocation, Device, DeviceStatus, Resource, Version
+from devicehost_dra_example.binding import BindingSettings, binding_fields, device_status
 from devicehost_dra_example.config import DEFAULT, GpuConfig
 
 DRIVER = "gpu.example.com"
@@ -32,7 +33,7 @@ COMPUTE = 100
 GI = 2**30
 
 
-class Settings(BaseModel):
+class Settings(BindingSettings):
     """``backends.dra-example`` in the host config."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -81,12 +82,15 @@ def gpus(settings: Settings, seed: str) -> Resource:
         whole: dict[str, int | str] = {"memory": f"{MEMORY_GI}Gi", "compute": COMPUTE}
         shared = settings.gpu_allow_multiple_allocations
         if not parts:
+            conditions, failures = binding_fields(settings)
             devices.append(
                 Device(
                     f"gpu-{i}",
                     attributes=attributes,
                     capacity=capacity(whole, shared),
                     allow_multiple_allocations=shared,
+                    binding_conditions=conditions,
+                    binding_failure_conditions=failures,
                 )
             )
             continue
@@ -183,3 +187,12 @@ class DraExampleBackend:
                     envs |= {f"{key}_{name.upper()}": amount for name, amount in share.consumed.items()}
                     envs[f"{key}_SHARE_ID"] = share.id
         return ContainerAllocation(envs=envs)
+
+    @devicehost.hookimpl
+    def devicehost_device_status(
+        self, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool
+    ) -> dict[str, DeviceStatus]:
+        with self._lock:
+            settings, node = self._settings, self._node()
+        gpu = {d.id: d for d in gpus(settings, node).devices}
+        return device_status(settings, {i: gpu[i].attributes for i in device_ids if i in gpu}, prepared)

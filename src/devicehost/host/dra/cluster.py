@@ -16,6 +16,7 @@ from devicehost.resourceapi import (
     AllocatedDevice,
     ClaimAllocation,
     ClusterError,
+    Conflict,
     OpaqueConfig,
 )
 
@@ -25,6 +26,7 @@ __all__ = [
     "ClaimAllocation",
     "Cluster",
     "ClusterError",
+    "Conflict",
     "OpaqueConfig",
 ]
 
@@ -56,6 +58,19 @@ class Cluster(Protocol):
 
     def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
         """Names of this node's slices of ``driver`` as they are deleted (by anyone), for ever."""
+
+    # -- claim status (binding conditions, device status) --
+
+    async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
+        """The named ResourceClaim as JSON, with the resourceVersion a status write names."""
+
+    async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
+        """Replace a ResourceClaim's status with ``body``'s; :class:`Conflict` when ``body``'s
+        resourceVersion is not the claim's any more."""
+
+    def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(``ADDED``, ``MODIFIED`` or ``DELETED``, the claim as JSON) for every ResourceClaim of
+        every namespace, those there now first, then as they change, for ever."""
 
     async def close(self) -> None:
         """Let go of connections."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,13 +22,15 @@ import structlog
 
 from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
-from devicehost.host.dra.checkpoint import Checkpoint
+from devicehost.host.dra.binding import BindingWatch
+from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Attached, Claims, hold
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import (
     HEALTH_SERVICE,
     SERVICE,
+    ClaimRef,
     DeviceHealth,
     DraHealthServicer,
     DraPluginServicer,
@@ -114,6 +116,7 @@ class DraDriver:
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
+        self.binding = BindingWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
         self._tainting: asyncio.Future[bool] | None = None
 
     async def start(self) -> None:
@@ -137,6 +140,7 @@ class DraDriver:
             await self._stop_servers()
             raise
         self._publishing = asyncio.create_task(self.publisher.run(), name=f"publish {self.name}")
+        self.binding.start()
         self.log.info(
             "serving DRA", socket=str(self._dra_socket.path), registration=str(self._registration_socket.path)
         )
@@ -144,7 +148,7 @@ class DraDriver:
     async def _serve(self) -> None:
         dra = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraPluginServicer(self.claims.prepare, self.claims.unprepare), dra
+            DraPluginServicer(self._prepare, self.claims.unprepare), dra
         )
         health_grpc.add_DRAResourceHealthServicer_to_server(
             DraHealthServicer(self.health, self.changes.wait), dra
@@ -168,6 +172,7 @@ class DraDriver:
         if self._publishing is not None:  # first: only the withdrawal below deletes the slices
             self._publishing.cancel()
             await asyncio.gather(self._publishing, return_exceptions=True)
+        await self.binding.stop()
         for name in list(self.resources):
             self.detach(name)
         await self.publisher.withdraw_all()
@@ -190,6 +195,12 @@ class DraDriver:
         held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
         hold(server, held, True)  # prepared before a restart too
 
+    async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        """Prepare the claims, then write the status of those prepared (the device status hook)."""
+        answers = await self.claims.prepare(claims)
+        await self.binding.after_prepare(answers, claims)
+        return answers
+
     def detach(self, resource: str) -> None:
         """Stop publishing ``resource``; its prepared claims stay in the checkpoint."""
         attached = self.resources.pop(resource, None)
@@ -202,13 +213,8 @@ class DraDriver:
         """Publish the resource's devices now and after every change of its table."""
         if self._tainting is None:  # asked once a driver, before its first slice
             self._tainting = asyncio.ensure_future(taint_effect(self._setup, self.name, self.log))
-        kept = await self._tainting
-        effect = (self._setup.unhealthy_taint or server.unhealthy_taint or "NoSchedule") if kept else None
-        effect = None if effect == "none" else effect
+        effect = resource_taint(self._setup.unhealthy_taint, server, await self._tainting, self.log)
         self.claims.tainted = self.claims.tainted or effect is not None
-        if kept:
-            self.log.info("unhealthy devices stay published with a taint", key=UNHEALTHY_TAINT,
-                          resource=server.name, effect=effect or "none (withdrawn)")  # fmt: skip
         await follow(server, pool, self._setup.node, self.name, self.publisher, self.changes, effect)
 
     def health(self) -> list[DeviceHealth]:
@@ -249,6 +255,19 @@ async def taint_effect(setup: DraSetup, driver: str, log: structlog.typing.Filte
     if not kept:
         log.info("unhealthy devices are withdrawn: the API server drops device taints (DRADeviceTaints off)")
     return kept
+
+
+def resource_taint(
+    operator: str | None, server: ResourceServer, kept: bool, log: structlog.typing.FilteringBoundLogger
+) -> str | None:
+    """The effect of the resource's unhealthy devices' taint (None: withdrawn instead): the
+    operator's, else the backend's, else NoSchedule, where the API keeps taints; said once."""
+    if not kept:
+        return None
+    effect = operator or server.unhealthy_taint or "NoSchedule"
+    log.info("unhealthy devices stay published with a taint" if effect != "none" else "unhealthy devices are withdrawn",
+             key=UNHEALTHY_TAINT, resource=server.name, effect=effect)  # fmt: skip
+    return None if effect == "none" else effect
 
 
 async def follow(

@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import httpx2
-from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube import ALL_NS, ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.resources.core_v1 import Node
-from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
-from devicehost.host.dra.cluster import ClaimAllocation, ClusterError
+from devicehost.host.dra.cluster import ClaimAllocation, ClusterError, Conflict
 from devicehost.resourceapi import claim_allocation, taint_probe
 
 FIELD_MANAGER = "devicehost"
 NOT_FOUND = 404
+CONFLICT = 409
 
 
 class KubeCluster:
@@ -94,6 +95,22 @@ class KubeCluster:
                 if kind == "DELETED" and item.metadata and item.metadata.name:
                     yield item.metadata.name
 
+    async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
+        with _errors(f"ResourceClaim {namespace}/{name}"):
+            claim = await self._api().get(ResourceClaim, name, namespace=namespace)
+        return dict(claim.to_dict())
+
+    async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        with _errors(f"writing the status of ResourceClaim {namespace}/{name}"):
+            status = cast(ResourceClaimStatus, ResourceClaimStatus.from_dict(dict(body)))
+            await self._api().replace(status, name, namespace=namespace)
+
+    async def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        with _errors("watching ResourceClaims"):
+            async for kind, item in self._api().watch(ResourceClaim, namespace=ALL_NS):
+                yield kind, dict(item.to_dict())
+
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
@@ -115,7 +132,7 @@ def _errors(doing: str) -> Iterator[None]:
         yield
     except ApiError as exc:
         status = exc.status
-        error = _NotFound if status.code == NOT_FOUND else ClusterError
+        error = {NOT_FOUND: _NotFound, CONFLICT: Conflict}.get(status.code or 0, ClusterError)
         raise error(f"{doing}: {status.code} {status.reason}: {status.message}") from None
     except (httpx2.HTTPError, OSError) as exc:
         raise ClusterError(f"{doing}: {type(exc).__name__}: {exc}") from None

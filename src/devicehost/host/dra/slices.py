@@ -48,6 +48,11 @@ def device_entry(device: Device) -> dict[str, Any]:
             {"counterSet": name, "counters": _counters(counters)}
             for name, counters in device.consumes.items()
         ]
+    # -- binding conditions --
+    if device.binding_conditions:
+        entry["bindingConditions"] = list(device.binding_conditions)
+        entry["bindingFailureConditions"] = list(device.binding_failure_conditions)
+    # -- end binding conditions --
     return entry
 
 

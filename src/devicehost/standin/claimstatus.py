@@ -1,0 +1,146 @@
+"""The in-memory API server's ResourceClaims as JSON, and their ``status.devices``.
+
+A claim of :class:`~devicehost.standin.apiserver.ApiServerStandIn` is kept as a
+:class:`~devicehost.resourceapi.ClaimAllocation`; here it is shown as the real API server shows
+it: its allocation results carry the ``bindingConditions`` of the published devices (as the
+scheduler copies them), a resourceVersion changes whenever the claim or its status does, a status
+write naming an old one is a :class:`~devicehost.resourceapi.Conflict`, a status entry for a
+device the claim was not allocated is refused, and watchers see every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from devicehost.resourceapi import SLICE_API_VERSION, ClaimAllocation, ClusterError, Conflict
+
+CLAIM_POLL = 0.05
+"""Seconds between looks for changed claims (tests change :attr:`claims` directly)."""
+BINDING_FIELDS = ("bindingConditions", "bindingFailureConditions")
+
+Key = tuple[str, str]
+
+
+class ClaimStatuses:
+    """The claim side of the stand-in API server; it keeps ``claims`` and ``stored`` slices."""
+
+    claims: dict[Key, ClaimAllocation]
+    stored: dict[str, dict[str, Any]]
+    changed: asyncio.Event
+
+    @functools.cached_property
+    def statuses(self) -> dict[str, list[dict[str, Any]]]:
+        """``status.devices`` of each claim, by its UID."""
+        return {}
+
+    def _check(self) -> None: ...
+
+    async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
+        self._check()
+        if (namespace, name) not in self.claims:
+            raise ClusterError(f"ResourceClaim {namespace}/{name}: 404 NotFound")
+        return self.claim_body(namespace, name)
+
+    async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
+        self._check()
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        key = (namespace, name)
+        what = f"writing the status of ResourceClaim {namespace}/{name}"
+        if key not in self.claims:
+            raise ClusterError(f"{what}: 404 NotFound")
+        if body["metadata"].get("resourceVersion") != self._version(key):
+            raise Conflict(f"{what}: 409 Conflict: the object has been modified")
+        allocated = {(d.driver, d.pool, d.device) for d in self.claims[key].devices}
+        devices = [dict(d) for d in body.get("status", {}).get("devices") or ()]
+        for device in devices:
+            if (device["driver"], device["pool"], device["device"]) not in allocated:
+                raise ClusterError(f"{what}: 422 Invalid: {device['device']}: must be an allocated device")
+        self.statuses[self.claims[key].uid] = devices
+        self.changed.set()
+
+    async def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        seen: dict[Key, str] = {}
+        while True:
+            self._check()
+            now = {key: self._version(key) for key in list(self.claims)}
+            for key, version in now.items():
+                if seen.get(key) != version:
+                    yield ("MODIFIED" if key in seen else "ADDED"), self.claim_body(*key)
+            for namespace, name in seen.keys() - now.keys():
+                yield "DELETED", {"metadata": {"namespace": namespace, "name": name}}
+            seen = now
+            await asyncio.sleep(CLAIM_POLL)
+
+    # -- what tests and the simulation read ----------------------------------------------------
+
+    def claim_body(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim as the API server shows it (JSON), with its resourceVersion."""
+        allocation = self.claims[(namespace, name)]
+        results = []
+        for device in allocation.devices:
+            result: dict[str, Any] = {
+                "request": device.request,
+                "driver": device.driver,
+                "pool": device.pool,
+                "device": device.device,
+                **self._binding_fields(device.driver, device.pool, device.device),
+            }
+            if device.admin_access:
+                result["adminAccess"] = True
+            results.append(result)
+        status: dict[str, Any] = {"allocation": {"devices": {"results": results}}} if results else {}
+        if self.statuses.get(allocation.uid):
+            status["devices"] = [dict(d) for d in self.statuses[allocation.uid]]
+        metadata = {
+            "namespace": namespace,
+            "name": name,
+            "uid": allocation.uid,
+            "resourceVersion": self._version((namespace, name)),
+        }
+        return {
+            "apiVersion": SLICE_API_VERSION,
+            "kind": "ResourceClaim",
+            "metadata": metadata,
+            "status": status,
+        }
+
+    def device_statuses(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The claim's ``status.devices``."""
+        return [dict(d) for d in self.statuses.get(self.claims[(namespace, name)].uid, ())]
+
+    def bindable(self, namespace: str, name: str) -> bool:
+        """Whether the scheduler would bind the claim's pod: every binding condition of its
+        devices is True in its status (a claim without any is bindable at once)."""
+        body = self.claim_body(namespace, name)
+        true = {
+            (d["driver"], d["pool"], d["device"], c["type"])
+            for d in body["status"].get("devices", ())
+            for c in d.get("conditions", ())
+            if c.get("status") == "True"
+        }
+        return all(
+            (r["driver"], r["pool"], r["device"], condition) in true
+            for r in body["status"].get("allocation", {}).get("devices", {}).get("results", ())
+            for condition in r.get("bindingConditions", ())
+        )
+
+    def _binding_fields(self, driver: str, pool: str, device: str) -> dict[str, list[str]]:
+        """The binding conditions of the published device, as the scheduler copies them."""
+        for body in self.stored.values():
+            spec = body["spec"]
+            if spec["driver"] != driver or spec["pool"]["name"] != pool:
+                continue
+            for published in spec.get("devices", ()):
+                if published["name"] == device:
+                    return {k: list(published[k]) for k in BINDING_FIELDS if published.get(k)}
+        return {}
+
+    def _version(self, key: Key) -> str:
+        allocation = self.claims[key]
+        seen = repr(allocation) + json.dumps(self.statuses.get(allocation.uid), sort_keys=True)
+        return hashlib.sha256(seen.encode()).hexdigest()[:12]
