@@ -106,19 +106,11 @@ class ApiServerStandIn(ClaimStatuses):
         if self.stored.pop(name, None) is not None:
             for queue in self._deletions:
                 queue.put_nowait(name)
-            self.changed.set()
+            self._bump()
 
     def devices(self, driver: str) -> list[tuple[str, str]]:
         """(pool, device) of every published device of ``driver``, slice by slice."""
-        return list(self._entries(driver))
-
-    def _entries(self, driver: str) -> dict[tuple[str, str], Mapping[str, Any]]:
-        return {
-            (body["spec"]["pool"]["name"], device["name"]): device
-            for body in self.stored.values()
-            if body["spec"]["driver"] == driver
-            for device in body["spec"].get("devices", ())
-        }
+        return list(published(self.stored, driver))
 
     def allocate(
         self,
@@ -140,7 +132,7 @@ class ApiServerStandIn(ClaimStatuses):
         take devices other claims hold; ``devices`` names the ones to take. Of a device that
         allows multiple allocations the claim gets a new share (:func:`share_of`, ``consumed``).
         """
-        entries = self._entries(driver)
+        entries = published(self.stored, driver)
         free = free_devices(entries, self.claims.values(), admin_access, devices)
         if len(free) < count:
             raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
@@ -169,11 +161,27 @@ class ApiServerStandIn(ClaimStatuses):
             body = {**body, "spec": {**body["spec"], "devices": devices}}
         stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
         self.stored[body["metadata"]["name"]] = stored
+        self._bump()
+
+    def _bump(self) -> None:
+        """After every change: wake the waiters (a test's subclass looks at each state here)."""
         self.changed.set()
 
     def _check(self) -> None:
         if self.down is not None:
             raise ClusterError(self.down)
+
+
+def published(
+    stored: Mapping[str, Mapping[str, Any]], driver: str
+) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Each device of ``driver`` in the ``stored`` slices, by (pool, device), slice by slice."""
+    return {
+        (body["spec"]["pool"]["name"], device["name"]): device
+        for body in stored.values()
+        if body["spec"]["driver"] == driver
+        for device in body["spec"].get("devices", ())
+    }
 
 
 def free_devices(
