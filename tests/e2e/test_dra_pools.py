@@ -169,7 +169,7 @@ def test_a_flapping_device_costs_its_slice_at_most_one_write_a_second(
         s for s in driver_slices(kit, DRIVER) if FLAPPING in {d["name"] for d in s["spec"]["devices"]}
     ]
     name = flapping["metadata"]["name"]
-    before = len(host.events("ResourceSlice updated"))
+    before, changed_before = len(host.events("ResourceSlice updated")), len(host.events("devices changed"))
     watched = tmp_path / "watch.jsonl"
     with watched.open("w") as out:
         watch = subprocess.Popen(
@@ -197,14 +197,17 @@ def test_a_flapping_device_costs_its_slice_at_most_one_write_a_second(
     seen = watched.read_text().count('"MODIFIED"')
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(updates)]
     flapping_writes = len([t for t in updates if t < started + flapped])
+    changes = len(host.events("devices changed")) - changed_before  # what the host's table saw
     note(
         kit,
         f"flap: {reloads} health changes of {FLAPPING} in {flapped:.1f} s (SIGHUP every "
-        f"{FLAP_PERIOD * 1000:g} ms): the host wrote {flapping_writes} slice updates while it "
+        f"{FLAP_PERIOD * 1000:g} ms), {changes} seen by the host's device table: it wrote "
+        f"{flapping_writes} slice updates while it "
         f"flapped ({flapping_writes / flapped:.2f}/s), {len(updates)} with the last state; the "
         f"watch of {name} saw {seen} MODIFIED; seconds between writes {gaps}",
     )
     assert 1 <= len(updates) <= math.ceil(flapped) + 1, updates
+    assert changes >= reloads // 2, changes  # it flapped on the host, not only in the file
     assert all(gap >= 0.99 for gap in gaps), gaps
     assert seen == len(updates), (seen, updates)
     devices = {d["name"] for s in driver_slices(kit, DRIVER) for d in s["spec"]["devices"]}
