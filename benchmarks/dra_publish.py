@@ -23,10 +23,21 @@ API server; the times are medians over the rounds (b: over every change of every
 The in-memory API server answers at once, so the times are what the publisher itself costs
 (building the slices, comparing, serialising nothing): on a cluster each write adds a round trip
 to the API server, which is what the write counts stand for.
+
+Then the API server's load under flapping (issue 25 item 6): the publisher runs as the host runs
+it (its own task, woken by each change) while one of the 1,000 devices goes unhealthy and back
+every 100 ms for ``flap_seconds``, once as the host has it (a pool written at most once a second,
+the changes inside merged) and once with no interval (every change written at once: the
+baseline). Reported: the API writes per minute while it flaps, the shortest time between two
+writes of the flapping slice, and the publish latency of each change (from the change to the end
+of the first sync after it that left the slices what was wanted, the change's state or a newer
+one), p50 and p99. The published pool must end at the device's last health.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,7 +47,7 @@ from benchmarks.figures import Figure, Target, compared, ms, percentile
 from benchmarks.settings import Settings
 from devicehost import Device, Health
 from devicehost.host.dra import names
-from devicehost.host.dra.publisher import Publisher
+from devicehost.host.dra.publisher import MIN_INTERVAL, Publisher
 from devicehost.host.dra.slices import MAX_DEVICES, Placement, device_entry, pool_specs, slice_body
 from devicehost.standin.apiserver import NODE_UID, ApiServerStandIn
 
@@ -53,6 +64,13 @@ WRITE_TARGETS = {
     "rediscover": Target("==", 0),
 }
 RATIO_TARGET = Target("<=", 2.0)
+FLAP_PERIOD = 0.1
+FLAPPING_SLICE = names.slice_name(NODE, DRIVER, RESOURCE, 4)
+FLAP_TARGETS = {
+    "per minute": Target("<=", 66.0),  # one slice written once a second, with 10% to spare
+    "gap": Target(">=", MIN_INTERVAL * 1000 - 1),
+    "p99": Target("<=", (MIN_INTERVAL + 0.2) * 1000),
+}
 
 
 def rounds_for(settings: Settings) -> int:
@@ -61,11 +79,13 @@ def rounds_for(settings: Settings) -> int:
 
 
 class CountedApiServer(ApiServerStandIn):
-    """The in-memory API server, counting the writes it is asked for."""
+    """The in-memory API server, counting the writes it is asked for, and when the flapping
+    device's slice was replaced."""
 
     def __init__(self) -> None:
         super().__init__()
         self.writes = 0
+        self.flapping_writes: list[float] = []
 
     async def create_slice(self, body: Mapping[str, Any]) -> None:
         self.writes += 1
@@ -73,6 +93,8 @@ class CountedApiServer(ApiServerStandIn):
 
     async def replace_slice(self, body: Mapping[str, Any]) -> None:
         self.writes += 1
+        if body["metadata"]["name"] == FLAPPING_SLICE:
+            self.flapping_writes.append(time.perf_counter())
         await super().replace_slice(body)
 
     async def delete_slice(self, name: str) -> None:
@@ -88,18 +110,37 @@ def table(unhealthy: str = "") -> list[Device]:
     ]
 
 
+class TimedPublisher(Publisher):
+    """The host's publisher, noting the start and end of each sync that left nothing held back."""
+
+    def __init__(self, cluster: ApiServerStandIn, min_interval: float = MIN_INTERVAL) -> None:
+        super().__init__(cluster, NODE, DRIVER, min_interval)
+        self.done: list[tuple[float, float]] = []
+
+    async def sync(self, coalesce: bool = False) -> float | None:
+        started = time.perf_counter()
+        held = await super().sync(coalesce)
+        if held is None:
+            self.done.append((started, time.perf_counter()))
+        return held
+
+
 class HostPublisher:
     """The host's way: stable placement, a diff of the pool, the generation as the publisher decides."""
 
-    def __init__(self, cluster: ApiServerStandIn) -> None:
-        self.publisher = Publisher(cluster, NODE, DRIVER)
+    def __init__(self, cluster: ApiServerStandIn, min_interval: float = MIN_INTERVAL) -> None:
+        self.publisher = TimedPublisher(cluster, min_interval)
         self.placement = Placement()
 
-    async def publish(self, devices: Sequence[Device]) -> None:
+    def want(self, devices: Sequence[Device]) -> None:
+        """What the driver does on a change of the table: the pool built, handed over."""
         specs = pool_specs(NODE, DRIVER, POOL, devices, self.placement)
         self.publisher.want_pool(
             RESOURCE, [(names.slice_name(NODE, DRIVER, RESOURCE, i), spec) for i, spec in enumerate(specs)]
         )
+
+    async def publish(self, devices: Sequence[Device]) -> None:
+        self.want(devices)
         await self.publisher.sync()  # the run loop's sync, called here without its wake-up
 
 
@@ -167,6 +208,36 @@ async def one_round(kind: str) -> tuple[float, list[float], float, tuple[int, in
     return first, flaps, rediscovery, (first_writes, flap_writes, cluster.writes - first_writes - flap_writes)
 
 
+async def flapping(min_interval: float, seconds: float) -> tuple[float, float, list[float]]:
+    """(writes per minute while it flapped, shortest s between two writes of the flapping slice,
+    each change's publish latency in s), the publisher running with ``min_interval``."""
+    cluster = CountedApiServer()
+    host = HostPublisher(cluster, min_interval)
+    running = asyncio.create_task(host.publisher.run())
+    try:
+        host.want(table())
+        async with asyncio.timeout(10):
+            await host.publisher.synced()
+        await asyncio.sleep(min_interval)  # the first publish's interval over: a device long healthy
+        before, changes = cluster.writes, []
+        started = time.perf_counter()
+        while (now := time.perf_counter()) < started + seconds:
+            changes.append(now)
+            host.want(table(FLAPPING if len(changes) % 2 else ""))
+            await asyncio.sleep(max(0.0, started + len(changes) * FLAP_PERIOD - time.perf_counter()))
+        per_minute = (cluster.writes - before) * 60 / seconds
+        async with asyncio.timeout(10):
+            await host.publisher.synced()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    check(cluster, DEVICES - len(changes) % 2)  # the last change's health, whatever was merged
+    writes = cluster.flapping_writes
+    gap = min((b - a for a, b in itertools.pairwise(writes)), default=float("inf"))
+    latencies = [min(end for start, end in host.publisher.done if start >= at) - at for at in changes]
+    return per_minute, gap, latencies
+
+
 async def measure(settings: Settings, workdir: Path) -> list[Figure]:
     times: dict[str, dict[str, list[float]]] = {
         k: {"first": [], "flap": [], "rediscover": []} for k in ("host", "bare")
@@ -206,5 +277,40 @@ async def measure(settings: Settings, workdir: Path) -> list[Figure]:
             Figure(
                 MEASUREMENT, label, writes["host"][index], "writes", writes["bare"][index], WRITE_TARGETS[key]
             )
+        )
+    return figures + await flapping_figures(settings.flap_seconds)
+
+
+async def flapping_figures(seconds: float) -> list[Figure]:
+    """The host's publisher beside one that writes every change, one device flapping."""
+    host_rate, host_gap, host_latency = await flapping(MIN_INTERVAL, seconds)
+    every_rate, every_gap, every_latency = await flapping(0.0, seconds)
+    flaps = f"one of {DEVICES} devices flapping every {FLAP_PERIOD * 1000:g} ms for {seconds:g} s"
+    figures = compared(
+        MEASUREMENT,
+        f"API writes per minute, {flaps}",
+        round(host_rate, 1),
+        round(every_rate, 1),
+        "writes/min",
+        target=FLAP_TARGETS["per minute"],
+    )
+    figures.append(
+        Figure(
+            MEASUREMENT,
+            "shortest time between two writes of the flapping slice",
+            ms(host_gap),
+            "ms",
+            ms(every_gap),
+            FLAP_TARGETS["gap"],
+        )
+    )
+    for pct in (50, 99):
+        figures += compared(
+            MEASUREMENT,
+            f"publish latency under flapping p{pct}",
+            ms(percentile(host_latency, pct)),
+            ms(percentile(every_latency, pct)),
+            "ms",
+            target=FLAP_TARGETS["p99"] if pct == 99 else None,
         )
     return figures

@@ -30,6 +30,8 @@ class Settings:
     throughput_seconds: float
     idle_seconds: float
     soak_restarts: int
+    flap_seconds: float
+    """How long one of 1,000 DRA devices flaps every 100 ms (``dra_publish``), per publisher."""
 
 
 MODES = {
@@ -48,6 +50,7 @@ MODES = {
         throughput_seconds=10.0,
         idle_seconds=60.0,
         soak_restarts=10000,
+        flap_seconds=30.0,
     ),
     "quick": Settings(
         allocate_samples=400,
@@ -64,6 +67,7 @@ MODES = {
         throughput_seconds=2.0,
         idle_seconds=10.0,
         soak_restarts=1000,
+        flap_seconds=10.0,
     ),
     "minimal": Settings(
         allocate_samples=50,
@@ -80,5 +84,6 @@ MODES = {
         throughput_seconds=0.5,
         idle_seconds=1.0,
         soak_restarts=20,
+        flap_seconds=3.0,
     ),
 }

@@ -136,6 +136,8 @@ def test_the_publish_benchmark_reports_the_writes(tmp_path: Path) -> None:
         "API writes, one device unhealthy and back 10 times": (20, 160),  # bare: every slice each time
         "API writes, rediscovery with nothing changed": (0, 0),
     }
+    (rate,) = [f for f in figures.values() if f["unit"] == "writes/min"]
+    assert rate["value"] <= 66 < rate["baseline"]  # a slice written once a second, not on every change
     for figure in figures.values():
         assert math.isfinite(figure["value"])
         assert figure["value"] >= 0

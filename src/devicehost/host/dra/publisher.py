@@ -22,6 +22,12 @@ uses only the slices of a pool's newest generation, and a pool only once it sees
   the pool incomplete (fewer slices of the new generation than it says), never mixed;
 - the generation is never lower than any the pool had (published, or written by this host and
   deleted since), so a slice deleted by someone else comes back newer than what the scheduler saw.
+
+The API server's load is bounded: a pool is written (any slice of it created, replaced or
+deleted) at most once every ``min_interval`` seconds (:data:`MIN_INTERVAL`). A change that comes
+sooner waits for the interval's end and is written then, with every change after it merged in:
+what is wanted at that moment. A device flapping every 100 ms costs its slice one write a second,
+and the last state is always written.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -42,15 +49,19 @@ STOP_TIMEOUT = 5.0
 """Seconds the final withdrawal of the slices may take when the host stops."""
 WATCH_MIN_LIFE = 1.0
 """A watch that ends sooner than this counts as failing (retried with backoff)."""
+MIN_INTERVAL = 1.0
+"""Seconds between two writes of one pool: changes inside are merged into one write at the end."""
 
 WantedSlice = tuple[str, dict[str, Any]]
 """A slice's name and its ``spec`` (the pool's slice count and generation are set here)."""
+Write = tuple[str, dict[str, Any], Mapping[str, Any] | None]
+"""A slice's name, its whole ``spec``, and the published slice it replaces (None: created)."""
 
 
 class Publisher:
     """Publishes the wanted pools of one driver on one node."""
 
-    def __init__(self, cluster: Cluster, node: str, driver: str) -> None:
+    def __init__(self, cluster: Cluster, node: str, driver: str, min_interval: float = MIN_INTERVAL) -> None:
         self._cluster = cluster
         self._node = node
         self._driver = driver
@@ -62,6 +73,7 @@ class Publisher:
         self._dirty = asyncio.Event()
         self._synced = asyncio.Event()
         self._backoff = Backoff(0.2, 30.0)
+        self._pace = Pace(min_interval)
         self.writes = 0
         """Slices created, replaced or deleted so far."""
         self.log = structlog.get_logger(__name__).bind(driver=driver)
@@ -112,10 +124,14 @@ class Publisher:
                 await self._dirty.wait()
                 self._dirty.clear()
                 try:
-                    await self.sync()
+                    held = await self.sync(coalesce=True)
                 except Exception as exc:  # a bug too: said with its traceback, never a silent end
                     self._dirty.set()
                     await asyncio.sleep(failed(exc, self._backoff, self.log))
+                    continue
+                if held is not None:  # changes merge until the pool may be written again
+                    self._dirty.set()
+                    await asyncio.sleep(held)
                     continue
                 if self._backoff.reset():
                     self.log.info("ResourceSlices published again")
@@ -134,47 +150,40 @@ class Publisher:
                 return
         self.log.warning("ResourceSlices left behind; the kubelet deletes them once the driver is gone")
 
-    async def sync(self) -> None:
-        """Delete, replace and create slices until the published ones are the wanted ones."""
+    async def sync(self, coalesce: bool = False) -> float | None:
+        """Delete, replace and create slices until the published ones are the wanted ones. With
+        ``coalesce``, a pool written less than ``min_interval`` ago is left as it is: the seconds
+        until the first such pool may be written (None: nothing was left)."""
+        started = time.monotonic()
         published = dict(await self._cluster.slices(self._node, self._driver))
         pools = list(self._pools.values())
         if pools and self._owner is None:
             self._owner = (self._node, await self._cluster.node_uid(self._node))
         seen = newest_generations(published.values())
         wanted = {name: spec["pool"]["name"] for slices in pools for name, spec in slices}
-        for name, body in list(published.items()):  # first: devices gone are withdrawn at once
-            if wanted.get(name) != body.get("spec", {}).get("pool", {}).get("name"):
-                await self._delete(name)  # not wanted, or in another pool (a pool name is immutable)
-                del published[name]
+        waits: dict[str, float] = {}  # the pools left as they are: seconds until each may be written
+        for name, body in list(published.items()):  # first: devices gone are withdrawn
+            pool = str(body.get("spec", {}).get("pool", {}).get("name", ""))
+            if wanted.get(name) == pool:
+                continue
+            if coalesce and self._pace.held(pool, waits, started):
+                waits.setdefault(wanted.get(name, pool), waits[pool])  # the pool wanting it waits too
+                continue
+            await self._delete(name, pool)  # not wanted, or in another pool (a pool name is immutable)
+            del published[name]
         for slices in pools:
-            await self._sync_pool(slices, published, seen)
-
-    async def _sync_pool(
-        self, slices: list[WantedSlice], published: Mapping[str, Mapping[str, Any]], seen: Mapping[str, int]
-    ) -> None:
-        pool = slices[0][1]["pool"]["name"]
-        generation = max(self._generations.get(pool, 0), seen.get(pool, 0))
-        changed = [
-            name
-            for name, spec in slices
-            if name in published and published[name].get("spec") != _in_pool(spec, len(slices), generation)
-        ]
-        missing = [name for name, _ in slices if name not in published]
-        if not changed and not missing:
-            return
-        if missing or len(changed) > 1 or len(slices) == 1:
-            generation += 1
-            changed = [name for name, _ in slices if name in published]
-        for name, spec in slices:  # replaced first, then created, each slice in pool order
-            if name in changed:
-                await self._write(name, _in_pool(spec, len(slices), generation), published[name])
-        for name, spec in slices:
-            if name in missing:
-                await self._write(name, _in_pool(spec, len(slices), generation), None)
+            pool = slices[0][1]["pool"]["name"]
+            generation = max(self._generations.get(pool, 0), seen.get(pool, 0))
+            writes = pool_writes(slices, published, generation)
+            if writes and not (coalesce and self._pace.held(pool, waits, started)):
+                for name, spec, current in writes:
+                    await self._write(name, spec, current)
+        return min(waits.values(), default=None)
 
     async def _write(self, name: str, spec: dict[str, Any], current: Mapping[str, Any] | None) -> None:
         assert self._owner is not None
         pool = spec["pool"]
+        self._pace.wrote(pool["name"])  # tried: a refused write is load too
         if current is None:
             await self._cluster.create_slice(slice_body(name, self._owner, spec))
         else:
@@ -190,10 +199,58 @@ class Publisher:
             slices=pool["resourceSliceCount"],
         )
 
-    async def _delete(self, name: str) -> None:
+    async def _delete(self, name: str, pool: str) -> None:
+        self._pace.wrote(pool)
         await self._cluster.delete_slice(name)
         self.writes += 1
         self.log.info("ResourceSlice deleted", slice=name)
+
+
+class Pace:
+    """When each pool was last written (or tried), so that it is written at most once every
+    ``interval`` seconds."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._written: dict[str, float] = {}
+
+    def wrote(self, pool: str) -> None:
+        self._written[pool] = time.monotonic()
+
+    def held(self, pool: str, waits: dict[str, float], since: float) -> bool:
+        """Whether ``pool`` is left as it is by the sync that started at ``since``: in ``waits``
+        already, or written less than ``interval`` ago by an earlier sync (then put in ``waits``
+        with the seconds until it may be written)."""
+        last = self._written.get(pool)
+        wait = 0.0 if last is None or last >= since else last + self.interval - time.monotonic()
+        if wait > 0:
+            waits[pool] = wait
+        return pool in waits
+
+
+def pool_writes(
+    slices: Sequence[WantedSlice], published: Mapping[str, Mapping[str, Any]], generation: int
+) -> list[Write]:
+    """The writes that make the pool ``slices`` published (``generation``: its newest so far):
+    each slice's name, spec and the published slice it replaces (None: created), in order."""
+    count = len(slices)
+    changed = [
+        name
+        for name, spec in slices
+        if name in published and published[name].get("spec") != _in_pool(spec, count, generation)
+    ]
+    missing = [name for name, _ in slices if name not in published]
+    if not changed and not missing:
+        return []
+    if missing or len(changed) > 1 or count == 1:
+        generation += 1
+        changed = [name for name, _ in slices if name in published]
+    writes: list[Write] = [
+        (name, _in_pool(spec, count, generation), published[name]) for name, spec in slices if name in changed
+    ]
+    return writes + [
+        (name, _in_pool(spec, count, generation), None) for name, spec in slices if name in missing
+    ]
 
 
 async def watch_deletions(

@@ -1,0 +1,216 @@
+"""1,000 devices on one node through DRA on the real cluster (issue 25 items 1 and 6).
+
+A host serves the gizmo fixture backend with 1,000 gizmos through DRA (driver
+gizmos.example.org), as a process on the kit's node started from a config file. They are
+published as one pool, ``<node>/gizmo``, of ceil(1000 / 128) = 8 ResourceSlices, each with the
+pool's generation and ``resourceSliceCount``; the time from the host's start to the API server
+listing all 8 (and the host's own first-to-last write) goes to ``kit.timings`` and out. A pod
+whose claim selects the last gizmo by CEL runs and its container saw ``GIZMOS=gizmo-999``.
+
+Then one gizmo flaps: the config file is rewritten with it unhealthy, then healthy, every 100 ms
+for a few seconds, each time with SIGHUP (the host re-reads it and rediscovers). The host
+publishes a pool at most once a second: the writes it logged, and the updates a
+``kubectl get --watch`` of the gizmo's slice saw, are counted in the window and reported as writes
+a second; the slice must end at the gizmo's last health. No feature gate: without
+DRADeviceTaints the host withdraws an unhealthy gizmo from its slice (a write all the same).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drahost import DraHost, dra_config, driver_slices, pods, printed_env, since, wait_running
+from k8skit import Kit, until
+
+DRIVER = "gizmos.example.org"
+CLASS_NAME = "gizmo.gizmos.example.org"
+GIZMOS = 1000
+SLICES = math.ceil(GIZMOS / 128)
+LABEL = {"devicehost-e2e": "dra-pools"}
+NAMESPACE = "dra-pools"
+FLAPPING = "gizmo-600"
+"""In the 5th slice (gizmos 512 to 639)."""
+FLAP_PERIOD = 0.1
+FLAP_SECONDS = 6.0
+
+
+def note(kit: Kit, text: str) -> None:
+    kit.notes.append(f"dra-pools {text}")
+    print(text)
+
+
+def config(node: str, unhealthy: list[str]) -> dict[str, Any]:
+    return dra_config(node, {"gizmo": {"count": GIZMOS, "unhealthy": unhealthy}})
+
+
+def pool_name(kit: Kit) -> str:
+    return f"{kit.node()['metadata']['name']}/gizmo"
+
+
+def published(kit: Kit, devices: int) -> list[dict[str, Any]] | None:
+    """The driver's slices once they are one whole pool of ``devices`` devices, else None."""
+    slices = driver_slices(kit, DRIVER)
+    pools = {(s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices}
+    total = sum(len(s["spec"].get("devices", [])) for s in slices)
+    return slices if len(slices) == SLICES and len(pools) == 1 and total == devices else None
+
+
+def written_at(host: DraHost, event: str) -> list[float]:
+    """When the host logged each ``event`` (its ISO timestamps), in seconds since the epoch."""
+    return [datetime.fromisoformat(e["timestamp"]).timestamp() for e in host.events(event)]
+
+
+@pytest.fixture(scope="module")
+def host(kit: Kit, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraHost]:
+    node = kit.node()["metadata"]["name"]
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": CLASS_NAME, "labels": LABEL},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+    }
+    kit.apply(device_class)
+    kit.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=180)
+    tmp = tmp_path_factory.mktemp("dra-pools")
+    started = time.monotonic()
+    gizmos = DraHost.configured(tmp / "config.yaml", tmp / "host.log", config(node, [])).start()
+    try:
+        gizmos.ready(lambda: published(kit, GIZMOS), f"{GIZMOS} gizmos in {SLICES} slices of one pool")
+        kit.timings[f"dra-pools: host start -> {GIZMOS} gizmos listed in {SLICES} slices"] = since(started)
+        yield gizmos
+    finally:
+        if gizmos.running():
+            kit.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=180)
+        gizmos.stop()
+        kit.kubectl("delete", "deviceclass", CLASS_NAME, "--ignore-not-found")
+        gizmos.finish(kit, "dra-pools")
+
+
+def test_a_thousand_devices_are_one_pool_and_the_last_one_allocates(kit: Kit, host: DraHost) -> None:
+    slices = published(kit, GIZMOS)
+    assert slices is not None
+    pools = [s["spec"]["pool"] for s in slices]
+    assert {p["name"] for p in pools} == {pool_name(kit)}
+    assert {p["resourceSliceCount"] for p in pools} == {SLICES}
+    assert len({p["generation"] for p in pools}) == 1
+    assert sorted(len(s["spec"]["devices"]) for s in slices) == [104] + [128] * 7
+    writes = written_at(host, "ResourceSlice published")
+    assert len(writes) == SLICES  # one create each, nothing rewritten
+    publish = round(writes[-1] - writes[0], 3)
+    kit.timings[f"dra-pools: host's first to last of {SLICES} slice writes"] = publish
+    note(kit, f"{GIZMOS} gizmos: {SLICES} slices of pool {pools[0]}, written in {publish} s by the host")
+
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": NAMESPACE, "name": "last-gizmo"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gizmo",
+                        "exactly": {
+                            "deviceClassName": CLASS_NAME,
+                            "selectors": [
+                                {"cel": {"expression": f'device.attributes["{DRIVER}"].id == "gizmo-999"'}}
+                            ],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": NAMESPACE, "name": "pod0", "labels": LABEL},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gizmo", "resourceClaimName": "last-gizmo"}],
+            "containers": [
+                {
+                    "name": "ctr0",
+                    "image": "localhost/envsleep:v1",
+                    "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": "gizmo"}]},
+                }
+            ],
+        },
+    }
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": LABEL}}
+    started = time.monotonic()
+    kit.apply_all([namespace, claim, pod])
+    wait_running(kit, NAMESPACE, ["pod0"])
+    kit.timings["dra-pools: pod on gizmo-999 applied -> running"] = since(started)
+    env = printed_env(kit, NAMESPACE, "pod0", "ctr0")
+    note(kit, f"{NAMESPACE} pod0/ctr0: GIZMOS={env.get('GIZMOS')}")
+    assert env.get("GIZMOS") == "gizmo-999", env
+    results = kit.get("resourceclaim", "-n", NAMESPACE, "last-gizmo")["status"]["allocation"]["devices"][
+        "results"
+    ]
+    assert [(r["pool"], r["device"]) for r in results] == [(pool_name(kit), "gizmo-999")]
+    assert pods(kit, NAMESPACE)["pod0"]["status"]["phase"] == "Running"
+    kit.kubectl("delete", "namespace", NAMESPACE, "--wait=true", timeout=180)
+
+
+def test_a_flapping_device_costs_its_slice_at_most_one_write_a_second(
+    kit: Kit, host: DraHost, tmp_path: Path
+) -> None:
+    node = kit.node()["metadata"]["name"]
+    (flapping,) = [
+        s for s in driver_slices(kit, DRIVER) if FLAPPING in {d["name"] for d in s["spec"]["devices"]}
+    ]
+    name = flapping["metadata"]["name"]
+    before, changed_before = len(host.events("ResourceSlice updated")), len(host.events("devices changed"))
+    watched = tmp_path / "watch.jsonl"
+    with watched.open("w") as out:
+        watch = subprocess.Popen(
+            ["kubectl", "get", "resourceslice", name, "--watch-only", "--output-watch-events", "-o", "json"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=kit.env(),
+        )
+    try:
+        time.sleep(1.0)  # the watch is up
+        started, reloads = time.time(), 0
+        while time.time() < started + FLAP_SECONDS:
+            reloads += 1
+            host.reload(config(node, [FLAPPING] if reloads % 2 else []))
+            time.sleep(max(0.0, started + reloads * FLAP_PERIOD - time.time()))
+        flapped = time.time() - started
+        last_unhealthy = reloads % 2 == 1
+        expected = GIZMOS - 1 if last_unhealthy else GIZMOS
+        until(lambda: published(kit, expected), f"the pool at the last health ({expected} gizmos)", 30)
+        time.sleep(2.0)  # anything written late is seen too
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)
+    updates = [t for t in written_at(host, "ResourceSlice updated")[before:] if t >= started]
+    seen = watched.read_text().count('"MODIFIED"')
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(updates)]
+    flapping_writes = len([t for t in updates if t < started + flapped])
+    changes = len(host.events("devices changed")) - changed_before  # what the host's table saw
+    note(
+        kit,
+        f"flap: {reloads} health changes of {FLAPPING} in {flapped:.1f} s (SIGHUP every "
+        f"{FLAP_PERIOD * 1000:g} ms), {changes} seen by the host's device table: it wrote "
+        f"{flapping_writes} slice updates while it "
+        f"flapped ({flapping_writes / flapped:.2f}/s), {len(updates)} with the last state; the "
+        f"watch of {name} saw {seen} MODIFIED; seconds between writes {gaps}",
+    )
+    assert 1 <= len(updates) <= math.ceil(flapped) + 1, updates
+    assert changes >= reloads // 2, changes  # it flapped on the host, not only in the file
+    assert all(gap >= 0.99 for gap in gaps), gaps
+    assert seen == len(updates), (seen, updates)
+    devices = {d["name"] for s in driver_slices(kit, DRIVER) for d in s["spec"]["devices"]}
+    assert (FLAPPING in devices) is not last_unhealthy
+    host.reload(config(node, []))
+    until(lambda: published(kit, GIZMOS), f"all {GIZMOS} gizmos published again", 30)
