@@ -9,7 +9,7 @@ Backends import the contract from here::
         return [devicehost.Resource("example.com/widget", (devicehost.Device("w0"),))]
 """
 
-from devicehost import cdi, policies
+from devicehost import cdi, policies, quantity
 from devicehost.hookspecs import (
     Api,
     Capacity,
@@ -67,4 +67,5 @@ __all__ = [
     "cdi",
     "hookimpl",
     "policies",
+    "quantity",
 ]

@@ -20,7 +20,7 @@ from devicehost.testing.host import running_host
 from devicehost_dra_example import DRIVER, RESOURCE, DraExampleBackend, Settings, gpu_uuids
 from devicehost_dra_example.config import GpuConfig
 from devicehost_dra_example.net import DRIVER as NET_DRIVER
-from devicehost_dra_example.net import DraExampleNetBackend, NetConfig, quantity_value
+from devicehost_dra_example.net import DraExampleNetBackend, NetConfig
 
 TIME_SLICING = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
 
@@ -306,13 +306,6 @@ async def test_two_claims_share_one_nic_each_with_its_bandwidth(root: Path) -> N
     assert "NET_DEVICE_0_INGRESS_BURST" not in envs[1]
     assert envs[0]["NET_DEVICE_0_SHARE_ID"] != envs[1]["NET_DEVICE_0_SHARE_ID"]
     assert envs[0]["DRA_RESOURCE_DRIVER_NAME"] == NET_DRIVER
-
-
-@pytest.mark.parametrize(
-    ("text", "value"), [("10G", 10**10), ("1500M", 15 * 10**8), ("1Gi", 2**30), ("1e3", 1000), ("1500m", 2)]
-)
-def test_quantities_become_whole_numbers(text: str, value: int) -> None:
-    assert quantity_value(text) == value
 
 
 def test_a_burst_of_4gb_or_more_is_refused() -> None:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import get_args
 
+from devicehost import quantity
 from devicehost.hookspecs.types import (
     Capacity,
     ContainerAllocation,
@@ -36,7 +37,6 @@ _CDI_KIND = re.compile(rf"{_DNS1123_SUBDOMAIN.pattern}/[A-Za-z0-9]([-A-Za-z0-9_.
 BUILT_IN_ATTRIBUTES = {"id": "ID", "numaNode": "NUMA node", "group": "group"}
 """DRA attributes the host publishes for every device; a backend's attributes may not reuse them."""
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
-_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE]|[eE][0-9]+)?")
 _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
 SERVE_THROUGH = (None, "device-plugin", "dra", "both")
 TAINT_EFFECTS: tuple[str | None, ...] = (None, *get_args(TaintEffect))
@@ -233,7 +233,7 @@ def _counters_problem(sets: object, what: str) -> str | None:
                 return f"{what} {name}: counter name {counter!r:.100} must be a DNS label"
             if isinstance(amount, bool) or not (
                 (isinstance(amount, int) and amount >= 0)
-                or (isinstance(amount, str) and _QUANTITY.fullmatch(amount))
+                or (isinstance(amount, str) and quantity.PATTERN.fullmatch(amount))
             ):
                 return f"{what} {name}: counter {counter}: {amount!r:.100} must be a non-negative int or a quantity"
     return None
@@ -316,7 +316,8 @@ def _capacity_problem(capacity: object, shared: object) -> str | None:
 
 def _amount_problem(value: object) -> str | None:
     if isinstance(value, bool) or not (
-        (isinstance(value, int) and value >= 0) or (isinstance(value, str) and _QUANTITY.fullmatch(value))
+        (isinstance(value, int) and value >= 0)
+        or (isinstance(value, str) and quantity.PATTERN.fullmatch(value))
     ):
         return f"{value!r:.100} must be a non-negative int or a quantity such as '16Gi'"
     return None

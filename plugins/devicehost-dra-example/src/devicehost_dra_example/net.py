@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import socket
 import threading
 import uuid
-from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 import devicehost
-from devicehost import Capacity, ClaimRequest, ContainerAllocation, Device, Resource, Version
+from devicehost import Capacity, ClaimRequest, ContainerAllocation, Device, Resource, Version, quantity
 
 DRIVER = "net.example.com"
 RESOURCE = f"{DRIVER}/nic"
@@ -85,22 +83,6 @@ def nics(count: int, seed: str) -> Resource:
     return Resource(RESOURCE, devices, serve_through="dra")
 
 
-_QUANTITY = re.compile(r"([0-9.]+(?:[eE][+-]?[0-9]+)?)([KMGTPE]i|[kMGTPE]|m)?")
-_FACTORS: dict[str, int | Decimal] = {
-    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}  # fmt: skip
-
-
-def quantity_value(text: str) -> int:
-    """A Kubernetes quantity (``10G``, ``1500M``, ``1e9``) as a whole number, rounded up."""
-    found = _QUANTITY.fullmatch(text.strip())
-    if found is None:
-        raise ValueError(f"{text!r} is not a quantity")
-    value = Decimal(found[1]) * _FACTORS[found[2] or ""]
-    return int(value.to_integral_value(rounding="ROUND_CEILING"))
-
-
 def share_env(device: str, share: devicehost.Share | None, config: NetConfig) -> dict[str, str]:
     """What the reference hands a container for one NIC share: its rates, bursts and share ID."""
     key = f"NET_DEVICE_{device.removeprefix('nic-')}"
@@ -113,7 +95,7 @@ def share_env(device: str, share: devicehost.Share | None, config: NetConfig) ->
     if share is not None:
         for name, rate in (("ingressBandwidth", "INGRESS_RATE"), ("egressBandwidth", "EGRESS_RATE")):
             if name in share.consumed:
-                env[f"{key}_{rate}"] = str(quantity_value(share.consumed[name]))
+                env[f"{key}_{rate}"] = str(int(quantity.parse(share.consumed[name])))
         env[f"{key}_SHARE_ID"] = share.id
     return env
 
