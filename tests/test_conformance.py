@@ -62,15 +62,16 @@ def test_example_backend_conforms(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example")
     assert (code, broken) == (0, {}), output
     assert "passed" in output
-    assert "10 deselected" in output  # the DRA checks run only when asked for
+    assert "11 deselected" in output  # the DRA checks run only when asked for
 
 
 def test_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example", dra=True)
     assert (code, broken) == (0, {}), output
     # preferred-allocation, dra-config-refused (no claim config model), dra-shares (no shared
-    # device) and dra-device-status (no status hook): every other DRA check ran
-    assert "passed, 4 skipped" in output
+    # device), dra-counters (no counter sets) and dra-device-status (no status hook): every other
+    # DRA check ran
+    assert "passed, 5 skipped" in output
     assert "deselected" not in output
 
 
@@ -80,14 +81,52 @@ def test_dra_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     assert (code, broken) == (0, {}), output
     # the device plugin wire checks (served through DRA only), health both ways, preferred
     # allocation, start/stop, release: the backend implements none of them
-    assert "20 passed, 12 skipped" in output  # and dra-shares: its GPUs are not shared by default
+    assert "20 passed, 13 skipped" in output  # and dra-shares, dra-counters: not shared, no partitions
+
+
+def test_dra_example_with_partitions_conforms_with_its_counters(short_tmp: Path) -> None:
+    code, broken, output = conformance(
+        short_tmp, "dra-example", {"num_gpus": 2, "gpu_partitions": 4}, dra=True
+    )
+    assert (code, broken) == (0, {}), output
+    assert "21 passed, 12 skipped" in output  # dra-counters ran
+
+
+def test_a_partition_bigger_than_its_counter_set_breaks_dra_counters(short_tmp: Path) -> None:
+    site = short_tmp / "site"
+    install_fake_distribution(
+        site, "devicehost-big-part", "dh_big_part", BIG_PARTITION, "big-part = dh_big_part:Backend"
+    )
+    code, broken, output = conformance(short_tmp, "big-part", dra=True, site=site)
+    assert (code, broken) == (1, {"test_dra_counters_fit_and_partitions_are_prepared": "dra-counters"}), (
+        output
+    )
+    assert "device 'p1' consumes 20Gi of gpu-0/memory, which holds 16Gi: it can never be allocated" in output
+
+
+BIG_PARTITION = """
+import devicehost
+
+
+class Backend:
+    @devicehost.hookimpl
+    def devicehost_discover(self):
+        parts = [devicehost.Device(f"p{i}", consumes={"gpu-0": {"memory": size}}) for i, size in enumerate(("8Gi", "20Gi"))]
+        return [devicehost.Resource("big.example.com/gpu", parts, counter_sets={"gpu-0": {"memory": "16Gi"}})]
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self, resource, device_ids):
+        if set(device_ids) - {"p0", "p1"}:
+            raise ValueError(f"no such partitions {device_ids}")
+        return devicehost.ContainerAllocation(envs={"PARTS": ",".join(device_ids)})
+"""
 
 
 def test_dra_example_net_backend_conforms_with_its_shared_nics(short_tmp: Path) -> None:
     """The net profile: every NIC allows multiple allocations, so dra-shares runs and passes."""
     code, broken, output = conformance(short_tmp, "dra-example-net", {"num_nics": 2}, dra=True)
     assert (code, broken) == (0, {}), output
-    assert "20 passed, 12 skipped" in output  # dra-shares runs; dra-device-status: no status hook
+    assert "20 passed, 13 skipped" in output  # dra-shares runs; dra-device-status, dra-counters: not here
 
 
 BROKEN_DRA = """

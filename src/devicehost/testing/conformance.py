@@ -16,7 +16,9 @@ backend's claim config model takes, from its JSON schema ``examples``, reaches t
 instance of it), ``dra-config-refused`` (one it refuses fails that claim alone), ``dra-admin-access``
 (an admin-access claim shares a device a normal claim holds), ``dra-subrequest`` (a prioritized
 list's ``request/subrequest``); for a backend with a device that allows multiple allocations,
-``dra-shares`` (two shares of it prepared, each with its share ID, and released apart), and for a
+``dra-shares`` (two shares of it prepared, each with its share ID, and released apart), for one
+with counter sets ``dra-counters`` (every partition fits its set, the sets are published, a
+partition is prepared), and for a
 backend with ``devicehost_device_status``, ``dra-device-status`` (it answers for its devices, and a
 claim of a device with binding conditions becomes bindable). A backend whose resources all declare
 ``serve_through="dra"``
@@ -39,6 +41,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from devicehost import quantity
 from devicehost.hookspecs import REQUIRED_HOOKS, rules
 from devicehost.hookspecs.types import ClaimRequest, Health, PreferredAllocationRequest, Resource
 from devicehost.host.backends.backend import SettingsRefused, checked_settings, hook_implementations
@@ -860,6 +863,45 @@ async def test_dra_shares_are_prepared_and_released_apart(
     if dra.prepared_claims(resource) != 1:
         broken(rule, f"{resource.name}: unpreparing one share of {device} took the other claim too")
     await dra.unprepare(resource, claims[1], rule)
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_counters_fit_and_partitions_are_prepared(served: list[Resource], dra: DraRun) -> None:
+    rule = "dra-counters"
+    partitioned = [r for r in served if r.counter_sets]
+    if not partitioned:
+        pytest.skip("no resource declares counter_sets: the backend publishes no partitionable devices")
+    for resource in partitioned:
+        problems = counters_problems(resource)
+        if problems:
+            broken(rule, f"{resource.name}: {'; '.join(problems[:5])}")
+        await _published_names(dra, resource, rule)
+        counters = dra.counter_sets(resource)
+        if counters != {name: set(sets) for name, sets in resource.counter_sets.items()}:
+            broken(rule, f"{resource.name}: the pool's counters slice holds {counters}, not its counter sets")
+        consuming = [d["name"] for d in dra.devices(resource) or () if d.get("consumesCounters")]
+        if consuming:
+            claim = dra.claim(resource, consuming[:1])
+            problems = answer_problems(dra, resource, consuming[:1], await dra.prepare(resource, claim, rule))
+            if problems:
+                broken(rule, "; ".join(problems[:5]))
+            await dra.unprepare(resource, claim, rule)
+
+
+def counters_problems(resource: Resource) -> list[str]:
+    """Devices that consume more of a counter than its set holds: the scheduler can never place them."""
+    problems = []
+    for device in resource.devices:
+        for name, counters in device.consumes.items():
+            for counter, amount in counters.items():
+                held = resource.counter_sets.get(name, {}).get(counter)
+                if held is not None and quantity.parse(amount) > quantity.parse(held):
+                    problems.append(
+                        f"device {device.id!r} consumes {amount} of {name}/{counter}, which holds {held}:"
+                        " it can never be allocated"
+                    )
+    return problems
 
 
 @dra_check

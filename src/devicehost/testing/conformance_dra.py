@@ -146,6 +146,16 @@ class DraRun:
         body = self.cluster.stored.get(names.slice_name(NODE, self.driver(resource), resource.name))
         return None if body is None else list(body["spec"]["devices"])
 
+    def counter_sets(self, resource: Resource) -> dict[str, set[str]]:
+        """The counter sets (name -> counter names) in the resource's pool now."""
+        pool = self.pool(resource)
+        return {
+            found["name"]: set(found["counters"])
+            for body in self.cluster.stored.values()
+            if body["spec"]["pool"]["name"] == pool and body["spec"]["driver"] == self.driver(resource)
+            for found in body["spec"].get("sharedCounters", ())
+        }
+
     def published_ids(self, resource: Resource) -> set[str] | None:
         devices = self.devices(resource)
         return None if devices is None else {device_id(d) for d in devices}

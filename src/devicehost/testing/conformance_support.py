@@ -57,6 +57,7 @@ RULES = {
     "dra-admin-access": "an admin-access claim of a device a normal claim holds is prepared (the hook gets admin_access=True: it must not refuse a device another claim holds), and unpreparing it leaves the normal claim prepared",
     "dra-subrequest": "a claim a prioritized list allocated (request 'request/subrequest') is prepared, its devices answered for 'request/subrequest' with valid CDI names a spec in the CDI dir defines",
     "dra-shares": "two claims of a device that allows multiple allocations are both prepared, the allocate hook getting each claim's share (ClaimRequest.shares, its shareID), and unpreparing one releases that share alone (the release hook gets it) and leaves the other claim prepared",
+    "dra-counters": "a resource with counter_sets: no device consumes more of a counter than its set holds (it could never be allocated), the pool's counters slice holds exactly the declared sets, and a claim of a consuming device (a partition) is prepared",
     "dra-device-status": "a backend with devicehost_device_status answers for the devices it is asked about with well-formed devicehost.DeviceStatus values (before and after prepare), and reports a device's binding conditions until the host sees them all True (a claim of the device becomes bindable)",
     "dra-health": "a device the backend makes Unhealthy leaves its ResourceSlice and comes back when Healthy again (devicehost_conformance_set_health)",
 }
