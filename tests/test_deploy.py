@@ -497,6 +497,8 @@ def test_dra_objects_match_the_kubernetes_schema_strictly() -> None:
         "DeviceClass",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     examples = dra_examples()
@@ -545,11 +547,17 @@ def test_dra_cluster_role_grants_what_the_host_calls_and_no_more() -> None:
     assert pod_spec(DRA)["automountServiceAccountToken"] is True
 
 
+def policy_named(objects: tuple[dict[str, Any], ...], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ValidatingAdmissionPolicy ``name`` and its binding (which must deny)."""
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name]
+    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding" and o["metadata"]["name"] == name]
+    assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+    return policy, binding
+
+
 def test_dra_policy_holds_the_hosts_service_account_to_its_own_nodes_slices() -> None:
     objects = render(DRA)
-    policy = the(objects, "ValidatingAdmissionPolicy")
-    binding = the(objects, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    policy, _ = policy_named(objects, "devicehost-resourceslices-own-node")
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     (rule,) = spec["matchConstraints"]["resourceRules"]
@@ -568,6 +576,23 @@ def test_dra_policy_holds_the_hosts_service_account_to_its_own_nodes_slices() ->
         'variables.userNode != ""',
         "variables.userNode == variables.sliceNode",
     ]
+
+
+def test_dra_policy_holds_claim_status_writes_to_claims_on_its_node_and_to_status_devices() -> None:
+    objects = render(DRA)
+    policy, _ = policy_named(objects, "devicehost-resourceclaim-status-own-node")
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["resources"], rule["operations"]) == (["resourceclaims/status"], ["UPDATE"])
+    # Every write verb the ClusterRole grants on claim status is one the policy judges.
+    assert DRA_RBAC[("resource.k8s.io", "resourceclaims/status")] == {"update"}
+    assert DRA_RBAC[("resource.k8s.io", "resourceclaims")] <= {"get", "list", "watch"}
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "metadata.name" in variables["onUserNode"] and "nodeSelectorTerms" in variables["onUserNode"]
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    assert "variables.onUserNode" in checks
+    assert "allocation == oldObject.status.?allocation" in checks and "reservedFor" in checks
 
 
 def test_dra_binding_follows_the_namespace_of_a_users_overlay() -> None:

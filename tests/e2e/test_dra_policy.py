@@ -5,7 +5,9 @@ The component's ServiceAccount, ClusterRole, binding and ValidatingAdmissionPoli
 ``kubectl kustomize`` renders them; a pod of that ServiceAccount runs on the node, and a token
 bound to it (as the kubelet projects one into the DaemonSet's pod, with the node's name in it)
 is used to create, replace and delete slices: its own node's pass, another node's are refused
-with the policy's message, and so is a token bound to no pod. Nothing of the host runs here.
+with the policy's message, and so is a token bound to no pod. The same token writes the
+status.devices of a claim allocated on its node, and is refused for a claim allocated on another
+node and for a change of a claim's allocation. Nothing of the host runs here.
 """
 
 from __future__ import annotations
@@ -150,3 +152,68 @@ def test_a_token_bound_to_no_pod_writes_no_slice(kit: Kit, objects: list[dict[st
     refused = as_token(kit, token, "create", "-f", "-", stdin=json.dumps(slice_body("policy-unbound", node)))
     assert refused.returncode != 0
     assert "only with a token of a pod on a node" in refused.stderr
+
+
+def claim_status_path(name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}/status"
+
+
+def allocated_claim(kit: Kit, name: str, node: str) -> dict[str, Any]:
+    """A claim the scheduler allocated device d0 of ``node``'s pool to (written as the admin)."""
+    kit.apply({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "labels": {"devicehost-e2e": "policy"}},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "policy.example.com"}}]}},
+    })  # fmt: skip
+    claim = kit.get("resourceclaim", "-n", "default", name)
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "r", "driver": "policy.example.com", "pool": f"{node}/policy", "device": "d0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        }
+    }  # fmt: skip
+    kit.kubectl("replace", "--raw", claim_status_path(name), "-f", "-", stdin=json.dumps(claim))
+    return kit.get("resourceclaim", "-n", "default", name)
+
+
+def with_device_status(claim: dict[str, Any]) -> str:
+    """The claim with a status.devices entry for its device, as the host writes it."""
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    entry = {k: result[k] for k in ("driver", "pool", "device")} | {"data": {"ready": "yes"}}
+    return json.dumps({**claim, "status": {**claim["status"], "devices": [entry]}})
+
+
+def test_claim_status_is_written_only_for_claims_on_its_node_and_only_status_devices(
+    kit: Kit, node_token: str
+) -> None:
+    node = kit.node()["metadata"]["name"]
+    try:
+        own, other = (
+            allocated_claim(kit, "policy-own-claim", node),
+            allocated_claim(kit, "policy-other-claim", "other-node"),
+        )
+        written = as_token(kit, node_token, "replace", "--raw", claim_status_path("policy-own-claim"), "-f", "-",
+                           stdin=with_device_status(own))  # fmt: skip
+        assert written.returncode == 0, written.stderr
+        stored = kit.get("resourceclaim", "-n", "default", "policy-own-claim")["status"]["devices"]
+        assert stored[0]["data"] == {"ready": "yes"}, stored
+
+        refused = as_token(kit, node_token, "replace", "--raw", claim_status_path("policy-other-claim"), "-f", "-",
+                           stdin=with_device_status(other))  # fmt: skip
+        assert refused.returncode != 0
+        assert (
+            f"devicehost on node '{node}' may not write the status of a ResourceClaim not allocated on it"
+            in (refused.stderr)
+        )
+        kit.notes.append(f"policy: another node's claim status refused: {refused.stderr.strip()}")
+
+        again = kit.get("resourceclaim", "-n", "default", "policy-own-claim")
+        again["status"]["allocation"]["devices"]["results"][0]["device"] = "d1"  # moving the allocation
+        tampered = as_token(kit, node_token, "replace", "--raw", claim_status_path("policy-own-claim"), "-f", "-",
+                            stdin=json.dumps(again))  # fmt: skip
+        assert tampered.returncode != 0
+        assert "may write a ResourceClaim's status.devices only" in tampered.stderr
+    finally:
+        kit.kubectl(
+            "delete", "resourceclaims", "-n", "default", "-l", "devicehost-e2e=policy", "--ignore-not-found"
+        )
