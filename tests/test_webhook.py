@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
-from overlays import write_own_overlay
+from overlays import readme_ca_bundle_patches, write_own_overlay
 from probing import free_port
 
 pytest.importorskip("cryptography", reason="devicehost webhook-cert needs cryptography")
@@ -371,11 +371,12 @@ def _kubectl() -> str:
     return kubectl
 
 
-def render(*components: str) -> list[dict[str, Any]]:
-    """The example overlay with components/dra and ``components``, as a user's overlay has them."""
+def render(*components: str, **more: Any) -> list[dict[str, Any]]:
+    """The example overlay with components/dra and ``components``, as a user's overlay has them
+    (``more``: other keys of that kustomization)."""
     with tempfile.TemporaryDirectory() as name:
         scratch = Path(name)
-        write_own_overlay(scratch, "example", ("dra", *components))
+        write_own_overlay(scratch, "example", ("dra", *components), **more)
         done = subprocess.run([_kubectl(), "kustomize", str(scratch)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
@@ -474,6 +475,27 @@ def test_cert_manager_issues_the_secret_and_injects_the_ca() -> None:
     assert f"{service['name']}.{service['namespace']}.svc" in serving["spec"]["dnsNames"]
     issuers = {o["metadata"]["name"] for o in objects if o["kind"] == "Issuer"}
     assert serving["spec"]["issuerRef"]["name"] in issuers
+
+
+def test_the_readmes_ca_bundle_patch_and_certificate_fit_the_service_reference(tmp_path: Path) -> None:
+    """README section 9 without cert-manager: ``webhook-cert``'s caBundle, put in by the README's
+    patch as written, lands in the configuration, and the certificate names what the API server
+    checks for its service reference (``<service>.<namespace>.svc``)."""
+    from cryptography import x509
+
+    done = devicehost("webhook-cert", "--out-dir", str(tmp_path), "--namespace", "kube-system")
+    assert done.returncode == 0, done.stderr
+    ca_bundle = done.stdout.strip()
+    objects = render("webhook", patches=readme_ca_bundle_patches(ca_bundle))
+    [hook] = the(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == ca_bundle
+    ref = hook["clientConfig"]["service"]
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
+    assert f"{ref['name']}.{ref['namespace']}.svc" in names
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(base64.b64decode(ca_bundle)))
 
 
 def test_the_docs_cover_the_component_and_the_failure_policy() -> None:

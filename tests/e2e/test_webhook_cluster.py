@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuclaims import BAD, DENIED, DRIVER, GOOD, KEY_PATH, MODEL_WORDS, claim, template
 from k8skit import Kit, until
 from probing import free_port
 
@@ -35,11 +36,6 @@ pytest.importorskip("devicehost_dra_example")
 
 DEVICEHOST = str(Path(sys.executable).parent / "devicehost")
 NAME = "devicehost-e2e-claim-config"
-DRIVER = "gpu.example.com"
-GOOD = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
-BAD = {**GOOD, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}}
-KEY_PATH = "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval"
-MODEL_WORDS = "Input should be 'Default', 'Short', 'Medium' or 'Long'"
 
 
 class WebhookProcess:
@@ -118,31 +114,6 @@ def served_versions(kit: Kit) -> list[str]:
     return [v for v in ("v1", "v1beta2", "v1beta1") if f"resource.k8s.io/{v}" in groups]
 
 
-def claim(parameters: dict[str, Any] | None, version: str = "v1", driver: str = DRIVER) -> dict[str, Any]:
-    request: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}
-    if version == "v1beta1":
-        request = {"name": "gpu", "deviceClassName": "gpu.example.com"}
-    devices: dict[str, Any] = {"requests": [request]}
-    if parameters is not None:
-        devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": driver, "parameters": parameters}}]
-    return {
-        "apiVersion": f"resource.k8s.io/{version}",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "webhook-e2e", "namespace": "default"},
-        "spec": {"devices": devices},
-    }
-
-
-def template(parameters: dict[str, Any]) -> dict[str, Any]:
-    inner = claim(parameters)
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "webhook-e2e", "namespace": "default"},
-        "spec": {"spec": inner["spec"]},
-    }
-
-
 def dry_run(kit: Kit, obj: dict[str, Any]) -> str:
     """``kubectl apply --dry-run=server``: the API server's answer, admission included."""
     return kit.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
@@ -176,7 +147,7 @@ def _settle() -> None:
 def test_an_invalid_claim_is_refused_with_the_models_message(kit: Kit, webhook: WebhookProcess) -> None:
     _settle()
     message = refused(kit, claim(BAD), "invalid v1 claim refused")
-    assert 'admission webhook "claim-config.devicehost.io" denied the request' in message
+    assert DENIED in message
     assert f"{KEY_PATH}: {MODEL_WORDS}" in message
 
 

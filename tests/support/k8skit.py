@@ -210,14 +210,28 @@ class Kit:
             if daemon == "kube-apiserver" and runtime_config is not None:
                 argv = [a for a in argv if not a.startswith("--runtime-config=")]
                 argv = [*argv, f"--runtime-config={apis}"] if apis else argv
-            # as up.sh starts it: setsid in the background, its pid echoed, the shell gone at once
-            # (the daemon belongs to init, not to this process)
-            detach = 'setsid "$@" >>"$0" 2>&1 </dev/null & echo $!'
-            pid = int(self.run("sh", "-c", detach, KIT_LOGS / f"{daemon}.log", *argv, timeout=30))
-            (KIT_RUN / f"{daemon}.pid").write_text(f"{pid}\n")
+            self._start_detached(daemon, argv)
             if daemon == "kube-apiserver":
                 until(lambda: self._ready(), "kube-apiserver /readyz", within=90)
         until(lambda: self._heartbeat_since(since), "the node Ready with a new kubelet heartbeat", within=90)
+
+    def restart_apiserver(self, flags: Mapping[str, str | None]) -> None:
+        """Restart kube-apiserver with each of ``flags`` set (``{"--enable-aggregator-routing":
+        "true"}``), or removed where None; the rest of its command line as it was. Waits for /readyz."""
+        pid = int((KIT_RUN / "kube-apiserver.pid").read_text())
+        raw = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+        argv = [a for a in raw if a.partition("=")[0] not in flags]
+        argv += [f"{name}={value}" for name, value in flags.items() if value is not None]
+        _stop(pid)
+        self._start_detached("kube-apiserver", argv)
+        until(lambda: self._ready(), "kube-apiserver /readyz", within=90)
+
+    def _start_detached(self, daemon: str, argv: Sequence[str]) -> None:
+        """Start ``daemon`` as up.sh does: setsid in the background, its pid echoed, the shell gone
+        at once (the daemon belongs to init, not to this process); same log and pid file."""
+        detach = 'setsid "$@" >>"$0" 2>&1 </dev/null & echo $!'
+        pid = int(self.run("sh", "-c", detach, KIT_LOGS / f"{daemon}.log", *argv, timeout=30))
+        (KIT_RUN / f"{daemon}.pid").write_text(f"{pid}\n")
 
     def _ready(self) -> bool:
         try:

@@ -26,3 +26,22 @@ def write_own_overlay(scratch: Path, overlay: str, components: Sequence[str], **
             }
         )
     )
+
+
+CA_PATCH_HEADING = "# in your overlay's kustomization.yaml, instead of kubectl patch"
+"""First line of deploy/README.md's block (section 9) that puts the caBundle in an overlay."""
+
+
+def readme_ca_bundle_patches(ca_bundle: str) -> list[dict[str, Any]]:
+    """The ``patches:`` of that README block, as written there, with ``ca_bundle`` where the README
+    shows the line ``devicehost webhook-cert`` printed."""
+    readme = (DEPLOY / "README.md").read_text()
+    start = readme.index(CA_PATCH_HEADING)
+    patches: list[dict[str, Any]] = yaml.safe_load(readme[start : readme.index("```", start)])["patches"]
+    for patch in patches:
+        operations = yaml.safe_load(patch["patch"])
+        for operation in operations:
+            if operation["path"].endswith("/caBundle"):
+                operation["value"] = ca_bundle
+        patch["patch"] = yaml.safe_dump(operations)
+    return patches
