@@ -549,8 +549,14 @@ def test_dra_cluster_role_grants_what_the_host_calls_and_no_more() -> None:
 
 def policy_named(objects: tuple[dict[str, Any], ...], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ValidatingAdmissionPolicy ``name`` and its binding (which must deny)."""
-    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name]
-    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding" and o["metadata"]["name"] == name]
+    (policy,) = [
+        o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name
+    ]
+    (binding,) = [
+        o
+        for o in objects
+        if o["kind"] == "ValidatingAdmissionPolicyBinding" and o["metadata"]["name"] == name
+    ]
     assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
     return policy, binding
 
@@ -589,10 +595,12 @@ def test_dra_policy_holds_claim_status_writes_to_claims_on_its_node_and_to_statu
     assert DRA_RBAC[("resource.k8s.io", "resourceclaims/status")] == {"update"}
     assert DRA_RBAC[("resource.k8s.io", "resourceclaims")] <= {"get", "list", "watch"}
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
-    assert "metadata.name" in variables["onUserNode"] and "nodeSelectorTerms" in variables["onUserNode"]
+    assert "metadata.name" in variables["onUserNode"]
+    assert "nodeSelectorTerms" in variables["onUserNode"]
     checks = " ".join(v["expression"] for v in spec["validations"])
     assert "variables.onUserNode" in checks
-    assert "allocation == oldObject.status.?allocation" in checks and "reservedFor" in checks
+    assert "allocation == oldObject.status.?allocation" in checks
+    assert "reservedFor" in checks
 
 
 def test_dra_binding_follows_the_namespace_of_a_users_overlay() -> None:

@@ -7,7 +7,7 @@ bound to it (as the kubelet projects one into the DaemonSet's pod, with the node
 is used to create, replace and delete slices: its own node's pass, another node's are refused
 with the policy's message, and so is a token bound to no pod. The same token writes the
 status.devices of a claim allocated on its node, and is refused for a claim allocated on another
-node and for a change of a claim's allocation. Nothing of the host runs here.
+node and for a change of a claim's reservedFor. Nothing of the host runs here.
 """
 
 from __future__ import annotations
@@ -208,7 +208,10 @@ def test_claim_status_is_written_only_for_claims_on_its_node_and_only_status_dev
         kit.notes.append(f"policy: another node's claim status refused: {refused.stderr.strip()}")
 
         again = kit.get("resourceclaim", "-n", "default", "policy-own-claim")
-        again["status"]["allocation"]["devices"]["results"][0]["device"] = "d1"  # moving the allocation
+        # reserving the claim for a pod is the scheduler's (moving the allocation the API refuses itself)
+        again["status"]["reservedFor"] = [
+            {"resource": "pods", "name": "intruder", "uid": "0f0f0f0f-0000-4000-8000-000000000001"}
+        ]
         tampered = as_token(kit, node_token, "replace", "--raw", claim_status_path("policy-own-claim"), "-f", "-",
                             stdin=json.dumps(again))  # fmt: skip
         assert tampered.returncode != 0

@@ -58,6 +58,7 @@ from devicehost.testing.conformance_dra import (
     config_problem,
     device_id,
     dra_run,
+    published_counter_sets,
     received_problem,
     refused_config,
     sample_configs,
@@ -877,7 +878,7 @@ async def test_dra_counters_fit_and_partitions_are_prepared(served: list[Resourc
         if problems:
             broken(rule, f"{resource.name}: {'; '.join(problems[:5])}")
         await _published_names(dra, resource, rule)
-        counters = dra.counter_sets(resource)
+        counters = published_counter_sets(dra, resource)
         if counters != {name: set(sets) for name, sets in resource.counter_sets.items()}:
             broken(rule, f"{resource.name}: the pool's counters slice holds {counters}, not its counter sets")
         consuming = [d["name"] for d in dra.devices(resource) or () if d.get("consumesCounters")]

@@ -146,16 +146,6 @@ class DraRun:
         body = self.cluster.stored.get(names.slice_name(NODE, self.driver(resource), resource.name))
         return None if body is None else list(body["spec"]["devices"])
 
-    def counter_sets(self, resource: Resource) -> dict[str, set[str]]:
-        """The counter sets (name -> counter names) in the resource's pool now."""
-        pool = self.pool(resource)
-        return {
-            found["name"]: set(found["counters"])
-            for body in self.cluster.stored.values()
-            if body["spec"]["pool"]["name"] == pool and body["spec"]["driver"] == self.driver(resource)
-            for found in body["spec"].get("sharedCounters", ())
-        }
-
     def published_ids(self, resource: Resource) -> set[str] | None:
         devices = self.devices(resource)
         return None if devices is None else {device_id(d) for d in devices}
@@ -197,10 +187,9 @@ class DraRun:
         config: Mapping[str, Any] | None = None,
         admin_access: bool = False,
     ) -> ClaimRef:
-        """A claim the scheduler allocated ``devices`` (slice device names) of the resource's pool to,
-        for ``request`` (``request/subrequest``: a prioritized list's choice), with ``config`` as
-        the claim's opaque parameters for the driver and the request, and admin access or not; of
-        a device that allows multiple allocations, a new share at its capacities' defaults."""
+        """A claim the scheduler allocated ``devices`` (slice device names) of the resource's pool
+        to, for ``request`` (``request/subrequest``: a prioritized list's choice), with ``config``
+        for the driver and the request, admin access or not, and a new share of shared devices."""
         uid = str(uuid.uuid4())
         name = f"conformance-{uid[:8]}"
         driver, pool = self.driver(resource), self.pool(resource)
@@ -279,6 +268,17 @@ class DraRun:
             return await allocate(resource, device_ids, claim)
 
         backend.allocate = recording  # type: ignore[method-assign]
+
+
+def published_counter_sets(run: DraRun, resource: Resource) -> dict[str, set[str]]:
+    """The counter sets (name -> counter names) in the resource's pool now."""
+    pool, driver = run.pool(resource), run.driver(resource)
+    return {
+        found["name"]: set(found["counters"])
+        for body in run.cluster.stored.values()
+        if body["spec"]["pool"]["name"] == pool and body["spec"]["driver"] == driver
+        for found in body["spec"].get("sharedCounters", ())
+    }
 
 
 def answer_problems(
