@@ -8,11 +8,17 @@ stopped with SIGTERM. Checked: no prepare failed (no ``FailedPrepareDynamicResou
 there the whole time (polled with ``kubectl get``, and watched: never deleted), and every claim
 was unprepared once its pod went, the one A prepared by B, leaving the shared checkpoint empty.
 The figures go to kit.timings and kit.notes.
+
+The second test runs the update as operators do: the image built from the Dockerfile, deployed
+with the example overlay and ``components/dra`` and ``components/surge``; a new pod template
+rolls the DaemonSet (the new pod starts, is Ready, then the old one stops) while claim pods keep
+starting, with the same checks, read from the API server, the pods' logs and the checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import signal
 import subprocess
@@ -23,8 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drahost import DraHost, container_env, driver_slices, namespace_events, since, wait_running
+import yaml
+from drahost import (
+    DraHost,
+    container_env,
+    driver_slices,
+    namespace_events,
+    printed_env,
+    since,
+    wait_running,
+)
 from k8skit import KUBELET_LOG, Kit, until
+from overlays import write_own_overlay
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE_CLASS = REPO / "plugins" / "devicehost-dra-example" / "deploy" / "deviceclass.yaml"
@@ -40,7 +56,8 @@ KEEP = 3
 """Claim pods kept running at once (older ones are deleted): the 8 GPUs never run out."""
 
 
-def manifests() -> list[dict[str, Any]]:
+def manifests(device_class: str = DRIVER) -> list[dict[str, Any]]:
+    """The test's namespace and a ResourceClaimTemplate ``one`` asking for one device of ``device_class``."""
     namespace = {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -49,9 +66,9 @@ def manifests() -> list[dict[str, Any]]:
     template = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"namespace": NAMESPACE, "name": "one-gpu"},
+        "metadata": {"namespace": NAMESPACE, "name": "one"},
         "spec": {
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+            "spec": {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": device_class}}]}}
         },
     }
     return [namespace, template]
@@ -64,13 +81,13 @@ def claim_pod(name: str) -> dict[str, Any]:
         "metadata": {"namespace": NAMESPACE, "name": name},
         "spec": {
             "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": "one"}],
             "containers": [
                 {
                     "name": "ctr0",
                     "image": "localhost/envsleep:v1",
                     "imagePullPolicy": "Never",
-                    "resources": {"claims": [{"name": "gpu"}]},
+                    "resources": {"claims": [{"name": "dev"}]},
                 }
             ],
         },
@@ -81,8 +98,8 @@ class SliceWatch:
     """The driver's published devices, polled with ``kubectl get`` every ``every`` s, and every
     DELETED event of its slices from ``kubectl get --watch``, until :meth:`stop`."""
 
-    def __init__(self, kit: Kit, node: str, every: float = 0.2) -> None:
-        self.kit, self.node, self.every = kit, node, every
+    def __init__(self, kit: Kit, node: str, driver: str = DRIVER, every: float = 0.2) -> None:
+        self.kit, self.node, self.driver, self.every = kit, node, driver, every
         self.samples: list[tuple[float, int]] = []
         self._stopping = threading.Event()
         self._poller = threading.Thread(target=self._poll, daemon=True)
@@ -98,7 +115,7 @@ class SliceWatch:
     def _poll(self) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(AssertionError):  # kubectl failed: no sample, not a gap
-                self.samples.append((time.monotonic(), node_devices(self.kit, self.node)))
+                self.samples.append((time.monotonic(), node_devices(self.kit, self.node, self.driver)))
             self._stopping.wait(self.every)
 
     def stop(self) -> list[str]:
@@ -117,17 +134,17 @@ class SliceWatch:
             body = event.get("object", {})
             spec = body.get("spec", {})
             if event.get("type") == "DELETED" and (spec.get("driver"), spec.get("nodeName")) == (
-                DRIVER,
+                self.driver,
                 self.node,
             ):
                 deleted.append(body["metadata"]["name"])
 
 
-def node_devices(kit: Kit, node: str) -> int:
+def node_devices(kit: Kit, node: str, driver: str = DRIVER) -> int:
     """How many devices the driver's slices of ``node`` publish."""
     return sum(
         len(s["spec"].get("devices", []))
-        for s in driver_slices(kit, DRIVER)
+        for s in driver_slices(kit, driver)
         if s["spec"].get("nodeName") == node
     )
 
@@ -265,3 +282,165 @@ def test_a_rolling_update_prepares_every_claim_and_keeps_the_slices(
         for host in (old, new):
             if host.process is not None:
                 host.finish(kit, "dra rolling")
+
+
+# --- the same update as the DaemonSet runs it: the image, components/dra and components/surge ---
+
+WIDGET_DRIVER = "example.com"
+WIDGETS = 4
+DAEMONSET = ("-n", "kube-system", "daemonset/devicehost")
+HOST_PODS = ("pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=devicehost")
+MIN_READY = 8
+"""Seconds a new host pod is Ready before the DaemonSet stops the old one."""
+OFFLINE_BUILD = ("--build-arg", "PYTHON_VERSION=3.11", "--build-arg", "PIP_NO_INDEX=1")
+
+
+def shows_widget(kit: Kit, pod: str) -> str:
+    """The pod runs and its container was given a widget (the example backend's env, by CDI)."""
+    wait_running(kit, NAMESPACE, [pod])
+    widget = printed_env(kit, NAMESPACE, pod, "ctr0").get("EXAMPLE_WIDGETS", "")
+    assert widget.startswith("widget-"), f"{pod}: EXAMPLE_WIDGETS={widget!r}"
+    return widget
+
+
+def host_pod_names(kit: Kit) -> list[str]:
+    """The DaemonSet's pods that have not been told to stop."""
+    return sorted(
+        p["metadata"]["name"]
+        for p in kit.get(*HOST_PODS)["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def entries(log: str) -> list[dict[str, Any]]:
+    """The host's JSON log lines (others passed over)."""
+    found = []
+    for line in log.splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict) and "event" in entry:
+                found.append(entry)
+    return found
+
+
+def seconds(since: str, until: str) -> float:
+    """Seconds between two of the host's log timestamps."""
+    parse = datetime.datetime.fromisoformat
+    return round(
+        (parse(until.replace("Z", "+00:00")) - parse(since.replace("Z", "+00:00"))).total_seconds(), 2
+    )
+
+
+def kit_patch(kit: Kit) -> dict[str, Any]:
+    """A patch of the DaemonSet for the kit: the host reaches the API server at the node's address
+    (the kit runs no kube-proxy, so the ``kubernetes`` Service's IP leads nowhere from a pod; the
+    API server's certificate names the node's IP too), and a new pod counts as available only
+    after MIN_READY s Ready, so the two hosts overlap long enough for claims to start meanwhile."""
+    (address,) = [a["address"] for a in kit.node()["status"]["addresses"] if a["type"] == "InternalIP"]
+    env = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": address},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "devicehost", "namespace": "kube-system"},
+        "spec": {
+            "minReadySeconds": MIN_READY,
+            "template": {"spec": {"containers": [{"name": "devicehost", "env": env}]}},
+        },
+    }
+
+
+def test_the_daemonset_rolls_with_surge_while_claim_pods_start(
+    kit: Kit, python_base: str, image_context: Path, tmp_path: Path
+) -> None:
+    tag = "localhost/devicehost:e2e-dra-rolling"
+    kit.build_image(tag, image_context, "--build-arg", f"BASE_IMAGE={python_base}", *OFFLINE_BUILD,
+                    "--build-arg", "BACKENDS=devicehost-example")  # fmt: skip
+    node = kit.node()["metadata"]["name"]
+    write_own_overlay(
+        tmp_path,
+        "example",
+        ["dra", "surge"],
+        images=[{"name": "devicehost", "newName": tag.split(":")[0], "newTag": tag.split(":")[1]}],
+        patches=[{"patch": yaml.safe_dump(kit_patch(kit))}],
+    )
+    delete_namespace(kit)
+    passed = False
+    old_log = tmp_path / "old-pod.log"
+    follow: subprocess.Popen[bytes] | None = None
+    try:
+        kit.kubectl("apply", "-k", str(tmp_path))
+        kit.kubectl("rollout", "status", *DAEMONSET, "--timeout=180s", timeout=200)
+        until(lambda: node_devices(kit, node, WIDGET_DRIVER) == WIDGETS, f"{WIDGETS} widgets published", 60)
+        (old_pod,) = host_pod_names(kit)
+        with old_log.open("wb") as out:  # its log, kept past its deletion
+            follow = subprocess.Popen(
+                ["kubectl", "logs", "-f", "-n", "kube-system", old_pod], stdout=out, env=kit.env()
+            )
+        kit.apply_all(manifests("widget.example.com"))
+        kit.apply(claim_pod("holder"))
+        holder = shows_widget(kit, "holder")
+        watch = SliceWatch(kit, node, WIDGET_DRIVER)
+        started = time.monotonic()
+        # A new pod template, as a new image gives one: the DaemonSet rolls (maxSurge 1).
+        patch = {
+            "spec": {"template": {"metadata": {"annotations": {"devicehost-e2e/rollout": str(started)}}}}
+        }
+        kit.kubectl("patch", *DAEMONSET, "--type", "merge", "-p", json.dumps(patch))
+        created: list[str] = []
+        while len(created) < 12:
+            kit.apply(claim_pod(f"pod{len(created)}"))
+            created.append(f"pod{len(created)}")
+            if len(created) > 2:  # 4 widgets: the holder, two pods, one starting
+                shows_widget(kit, created[-3])
+                kit.kubectl("delete", "pod", "-n", NAMESPACE, created[-3], "--wait=false")
+            time.sleep(1)
+        kit.kubectl("rollout", "status", *DAEMONSET, "--timeout=120s", timeout=150)
+        (new_pod,) = host_pod_names(kit)
+        assert new_pod != old_pod
+        follow.wait(timeout=30)  # the old pod's log ended with it
+        old_said = entries(old_log.read_text())
+        new_said = entries(kit.logs("-n", "kube-system", new_pod))
+        registered = next(e["timestamp"] for e in new_said if e["event"] == "registered with the kubelet")
+        withdrawn = next(e["timestamp"] for e in old_said if e["event"] == "DRA withdrawn")
+        during = [
+            e
+            for e in old_said + new_said
+            if e["event"] == "claim prepared" and registered < e["timestamp"] < withdrawn
+        ]
+        assert any(e["event"].startswith("another instance serves the driver here") for e in old_said)
+        for pod in ["holder", *created[-2:]]:
+            shows_widget(kit, pod)
+        deleted = watch.stop()
+        missing = [round(at - started, 1) for at, count in watch.samples if count != WIDGETS]
+        failed = [e for e in namespace_events(kit, NAMESPACE) if "FailedPrepareDynamicResources" in e]
+        kit.timings["dra rolling DaemonSet: new pod registered -> old pod's driver withdrawn"] = seconds(
+            registered, withdrawn
+        )
+        kit.notes.append(
+            f"dra rolling DaemonSet: {old_pod} -> {new_pod}, {len(created)} claim pods over "
+            f"{since(started)} s, holder kept {holder}; claims prepared while both served {len(during)}; "
+            f"{len(watch.samples)} slice polls, {len(missing)} without {WIDGETS} widgets, slices deleted: "
+            f"{deleted}; failed prepares {len(failed)}"
+        )
+        assert not failed, failed
+        assert not missing, f"slices missing at {missing} s after the rollout began"
+        assert not deleted, deleted
+        kit.kubectl("delete", "pods", "-n", NAMESPACE, "--all", "--wait=true", timeout=180)
+        checkpoint = Path("/var/lib/kubelet/plugins") / WIDGET_DRIVER / "devicehost-claims.json"
+        until(lambda: json.loads(checkpoint.read_text())["claims"] == {}, "every claim unprepared", 60)
+        unprepared = [
+            ln for ln in kit.logs("-n", "kube-system", new_pod).splitlines() if "claim unprepared" in ln
+        ]
+        assert any("holder" in ln for ln in unprepared), "the old pod's claim is unprepared by the new pod"
+        passed = True
+    finally:
+        if follow is not None:
+            follow.kill()
+        if not passed:
+            for pod in host_pod_names(kit):
+                kit.notes.append(f"dra rolling DaemonSet {pod}: {kit.logs('-n', 'kube-system', pod)[-3000:]}")
+        delete_namespace(kit)
+        kit.kubectl("delete", "-k", str(tmp_path), "--ignore-not-found", "--wait=true", timeout=180)
