@@ -329,6 +329,17 @@ def test_surge_component_overlaps_old_and_new_pods(overlay: str) -> None:
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
 
 
+def test_surge_combines_with_dra() -> None:
+    """The two pods of an overlap share the node's plugins dir: one claims checkpoint and its
+    lock for both (docs/dra.md, "Rolling updates")."""
+    with tempfile.TemporaryDirectory() as name:
+        write_own_overlay(Path(name), "example", ["dra", "surge"])
+        daemonset = the(tuple(_kustomize(Path(name))), "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["dra-plugins"]["hostPath"]["path"] == DRA_PLUGINS_DIR
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 @pytest.mark.parametrize("component", sorted(KUBELET_DIR_COMPONENTS))
 def test_kubelet_dir_component_moves_both_kubelet_dirs(overlay: str, component: str) -> None:

@@ -78,7 +78,7 @@ def test_resource_devices_must_be_devices_and_become_a_tuple() -> None:
 
 
 def test_everything_public_is_in_all() -> None:
-    for module in (devicehost, cdi, devicehost.policies):
+    for module in (devicehost, cdi, devicehost.policies, devicehost.quantity):
         assert all(hasattr(module, name) for name in module.__all__)
     defined_in_cdi = {
         name
@@ -87,7 +87,7 @@ def test_everything_public_is_in_all() -> None:
     }
     assert defined_in_cdi <= set(cdi.__all__)
     contract = set(devicehost.hookspecs.__all__) - {"ENTRY_POINT_GROUP", "PROJECT_NAME", "REQUIRED_HOOKS"}
-    assert contract | {"cdi", "policies", "__version__"} == set(devicehost.__all__)
+    assert contract | {"cdi", "policies", "quantity", "__version__"} == set(devicehost.__all__)
 
 
 class _Seam:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
+from hostfakes import captured_logs
 
 from devicehost.host.dra import checkpoint as checkpoint_module
 from devicehost.host.dra.checkpoint import CHECKPOINT_VERSION, Checkpoint, PreparedClaim, PreparedDevice
@@ -139,3 +141,48 @@ def test_removing_an_unknown_claim_writes_nothing(tmp_path: Path) -> None:
     found = Checkpoint(tmp_path / "claims.json")
     found.remove("nobody")
     assert not (tmp_path / "claims.json").exists()
+
+
+async def test_two_instances_own_the_file_one_at_a_time_each_seeing_the_others_claims(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "driver" / "claims.json"
+    old, new = Checkpoint(path), Checkpoint(path)
+    order: list[str] = []
+    async with old.owned():
+        old.add(claim("u1", device("w0")))
+        waiting = asyncio.ensure_future(_own_and_add(new, "u2", order))
+        await asyncio.sleep(0.1)
+        assert order == []  # the newer waits while the older owns the file
+        assert not path.exists()  # written once, when the owner lets go
+        order.append("old done")
+    await asyncio.wait_for(waiting, 5)
+    assert order == ["old done", "new owns"]
+    assert sorted(new.claims) == ["u1", "u2"]  # read again under the lock: the older's claim kept
+    async with old.owned():
+        assert sorted(old.claims) == ["u1", "u2"]
+        old.remove("u2")
+    again = Checkpoint(path)
+    assert again.load() is None
+    assert sorted(again.claims) == ["u1"]
+
+
+async def _own_and_add(checkpoint: Checkpoint, uid: str, order: list[str]) -> None:
+    async with checkpoint.owned():
+        order.append("new owns")
+        checkpoint.add(claim(uid, device("w1")))
+
+
+async def test_an_unreadable_file_under_the_lock_keeps_the_claims_and_is_said_once(tmp_path: Path) -> None:
+    path = tmp_path / "claims.json"
+    kept = Checkpoint(path)
+    kept.add(claim("u1", device("w0")))
+    with captured_logs() as logs:
+        for _ in range(2):
+            path.write_text("{not json")
+            async with kept.owned():
+                assert sorted(kept.claims) == ["u1"]
+    said = [e for e in logs if e["event"].startswith("prepared claims checkpoint unreadable")]
+    assert len(said) == 1
+    assert str(path) in said[0]["problem"]
+    assert path.read_text() == "{not json"  # nothing changed: not written

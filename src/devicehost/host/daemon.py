@@ -161,11 +161,12 @@ class Host:
             self.stopping.set()  # also when the loop failed: whoever waits for the stop is told
 
     async def shutdown(self) -> None:
-        """Withdraw every resource (sockets removed, stop hooks called) and close the backends."""
+        """Stop the DRA drivers (first: withdrawn from a running driver, a resource's slices go, which
+        another instance may serve), withdraw every resource (stop hooks called), close the backends."""
         self.final_state = self.snapshot()
         self.peers.close()
-        await asyncio.gather(*(self._withdraw(name) for name in list(self.resources)), return_exceptions=True)
         await self.dra.close()
+        await asyncio.gather(*(self._withdraw(name) for name in list(self.resources)), return_exceptions=True)
         self.backends.close()
 
     def snapshot(self) -> HostState:

@@ -4,19 +4,35 @@ The kubelet asks to prepare a claim once and to unprepare it once, possibly acro
 restarts: after one, NodePrepareResources of a prepared claim must answer what it answered
 before, and NodeUnprepareResources must find what to release. The file is JSON, written to a
 temporary file beside it, synced and renamed over it, so a crash leaves the old one or the new one.
+
+Two instances of a driver run on one node during a rolling update, and the kubelet may call
+either. They share the file: each kubelet call is served holding an exclusive lock on a file
+beside it (``flock``, let go by the kernel when a process dies), reading the file again first
+and writing it before letting go (:meth:`Checkpoint.owned`). So the file has one owner at a
+time, and either instance prepares or unprepares any claim as the other left it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import structlog
+
+log = structlog.get_logger(__name__)
+
 CHECKPOINT_VERSION = 1
+LOCK_POLL = (0.002, 0.05)
+"""Seconds between tries for the lock another instance holds: the first, and the most."""
+LOCK_SLOW = 5.0
+"""Seconds of waiting for the lock after which the wait is said (once)."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +83,12 @@ class Checkpoint:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock_path = path.with_suffix(".lock")
+        """Held by the instance of the driver that serves a kubelet call right now."""
         self.claims: dict[str, PreparedClaim] = {}
         self._batching = False
         self._dirty = False
+        self._unreadable: str | None = None
 
     def load(self) -> str | None:
         """Read the file (none yet: no claims); the problem when it cannot be read, as one line."""
@@ -108,6 +127,22 @@ class Checkpoint:
         if self.claims.pop(uid, None) is not None:
             self._changed()
 
+    @contextlib.asynccontextmanager
+    async def owned(self) -> AsyncIterator[None]:
+        """Hold the lock, read the file again, and write it once when the block ends, as
+        :meth:`batch`. A file that cannot be read keeps the claims as they were (said once)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = await lock(self.lock_path)
+        try:
+            problem = self.load()
+            if problem and problem != self._unreadable:
+                log.error("prepared claims checkpoint unreadable, kept as this host had it", problem=problem)
+            self._unreadable = problem
+            with self.batch():
+                yield
+        finally:
+            os.close(fd)  # lets go of the lock
+
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Write the file once when the block ends (also when it raises), not at every change:
@@ -145,3 +180,26 @@ class Checkpoint:
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
+
+
+async def lock(path: Path) -> int:
+    """A descriptor of ``path`` (created if missing) holding an exclusive ``flock`` on it; while
+    another process holds it, tried again with backoff (its holder writes within a kubelet call)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    delay, waited = LOCK_POLL[0], 0.0
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if waited < LOCK_SLOW <= waited + delay:
+                    log.warning(
+                        "waiting for the claims checkpoint: another instance holds it", lock=str(path)
+                    )
+                await asyncio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, LOCK_POLL[1])
+    except BaseException:
+        os.close(fd)
+        raise

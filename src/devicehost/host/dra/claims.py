@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,9 +105,8 @@ class Claims:
         reads = await asyncio.gather(*(self._read(*ref) for ref in new), return_exceptions=True)
         allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
         answers: dict[str, PreparedClaim | str] = {}
-        async with self._lock:
-            with self.checkpoint.batch():
-                await self._prepare_all(claims, allocations, answers)
+        async with owned(self._lock, self.checkpoint, self._resources):
+            await self._prepare_all(claims, allocations, answers)
         return answers
 
     async def _prepare_all(
@@ -132,17 +131,16 @@ class Claims:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """For each claim, "" once unprepared (or never prepared), else the one-line reason."""
         errors: dict[str, str] = {}
-        async with self._lock:
-            with self.checkpoint.batch():
-                for namespace, uid, name in claims:
-                    try:
-                        await self._unprepare(uid)
-                        errors[uid] = ""
-                    except _ClaimRefused as exc:
-                        self.log.error(
-                            "claim not unprepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
-                        )
-                        errors[uid] = str(exc)
+        async with owned(self._lock, self.checkpoint, self._resources):
+            for namespace, uid, name in claims:
+                try:
+                    await self._unprepare(uid)
+                    errors[uid] = ""
+                except _ClaimRefused as exc:
+                    self.log.error(
+                        "claim not unprepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
+                    )
+                    errors[uid] = str(exc)
         return errors
 
     async def _prepare(
@@ -325,6 +323,33 @@ def release_calls(
         asked = ClaimRequest(request, claim[0], claim[1], admin_access=shared[0].admin_access, shares=shares)
         calls.append((resource, tuple(shares), asked))
     return calls
+
+
+@contextlib.asynccontextmanager
+async def owned(
+    lock: asyncio.Lock, checkpoint: Checkpoint, resources: Mapping[str, Attached]
+) -> AsyncIterator[None]:
+    """One kubelet call's hold of the checkpoint (``lock``: one call of this host at a time): as
+    the file has it, written once at the end (:meth:`Checkpoint.owned`). Another instance of the
+    driver (a rolling update) may have prepared or unprepared claims meanwhile: the device plugin
+    side's holds follow."""
+    async with lock:
+        before = checkpoint.held()
+        async with checkpoint.owned():
+            after = checkpoint.held()
+            for holding, changed in ((True, after - before), (False, before - after)):
+                for resource, ids in by_resource_ids(changed).items():
+                    if resource in resources:
+                        hold(resources[resource].server, ids, holding)
+            yield
+
+
+def by_resource_ids(held: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """(resource, device ID) pairs as device IDs by resource, sorted."""
+    grouped: dict[str, list[str]] = {}
+    for resource, device_id in sorted(held):
+        grouped.setdefault(resource, []).append(device_id)
+    return grouped
 
 
 def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:

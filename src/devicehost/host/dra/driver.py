@@ -5,6 +5,12 @@ answers, a registration socket in ``plugins_registry`` (both names unique per ho
 rolling update's two hosts never share one). The kubelet's plugin watcher finds the second,
 reads the first from it, and calls it to prepare and unprepare claims.
 
+During a rolling update two instances serve the driver on one node: the kubelet calls the newer
+for new claims and may still call the older until it goes. Either serves any claim (the claims
+checkpoint is handed over per call, see :mod:`.checkpoint`), both publish the same pools under
+the same slice names, and one that stops while the other's registration socket answers leaves
+the slices to it.
+
 Claims are prepared and unprepared by :mod:`.claims`.
 """
 
@@ -38,6 +44,7 @@ from devicehost.host.dra.servicer import (
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
+from devicehost.host.sockets import is_listening, parse_socket_name
 from devicehost.proto.dra.v1 import api_pb2_grpc
 from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
@@ -154,28 +161,23 @@ class DraDriver:
             DraHealthServicer(self.health, self.changes.wait), dra
         )
         await self._start_server(dra, self._dra_socket)
-        registration = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        registration_grpc.add_RegistrationServicer_to_server(
-            PluginRegistrationServicer(
-                self.name,
-                lambda: str(self._dra_socket.path),
-                self._on_status,
-                plugin_type=PLUGIN_TYPE,
-                versions=(SERVICE, HEALTH_SERVICE),
-            ),
-            registration,
-        )
+        registration = registration_server(self.name, lambda: str(self._dra_socket.path), self._on_status)
         await self._start_server(registration, self._registration_socket)
 
     async def stop(self) -> None:
-        """Withdraw every resource and the slices, stop serving, remove both sockets."""
+        """Withdraw every resource and the slices (left to another instance that serves the driver
+        here: the same pool), stop serving, remove both sockets."""
         if self._publishing is not None:  # first: only the withdrawal below deletes the slices
             self._publishing.cancel()
             await asyncio.gather(self._publishing, return_exceptions=True)
         await self.binding.stop()
         for name in list(self.resources):
             self.detach(name)
-        await self.publisher.withdraw_all()
+        others = other_instances(self._registration_socket.path)
+        if others:
+            self.log.info("another instance serves the driver here: its ResourceSlices stay", sockets=others)
+        else:
+            await self.publisher.withdraw_all()
         await self._stop_servers()
         self.log.info("DRA withdrawn")
 
@@ -240,6 +242,30 @@ class DraDriver:
             self.publisher.poke()  # a starting kubelet deletes the node's slices: publish again
         else:
             self.log.error("the kubelet refused the driver", error=error)
+
+
+def registration_server(
+    driver: str, endpoint: Callable[[], str], on_status: Callable[[bool, str], None]
+) -> grpc.aio.Server:
+    """The plugin watcher's Registration service for ``driver``, whose DRAPlugin is at ``endpoint()``."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    servicer = PluginRegistrationServicer(
+        driver, endpoint, on_status, plugin_type=PLUGIN_TYPE, versions=(SERVICE, HEALTH_SERVICE)
+    )
+    registration_grpc.add_RegistrationServicer_to_server(servicer, server)
+    return server
+
+
+def other_instances(registration: Path) -> list[str]:
+    """The registration sockets beside ours (``registration``) of the same driver on which a process
+    listens: other instances of it on this node, a rolling update's overlap."""
+    ours = parse_socket_name(registration.name)
+    found = []
+    for path in sorted(registration.parent.glob("devicehost-*.sock")):
+        theirs = parse_socket_name(path.name)
+        if ours and theirs and path != registration and theirs[0] == ours[0] and is_listening(path):
+            found.append(path.name)
+    return found
 
 
 async def taint_effect(setup: DraSetup, driver: str, log: structlog.typing.FilteringBoundLogger) -> bool:

@@ -4,7 +4,9 @@ The wanted slices change with discovery, health and the resources attached; the 
 change under us too: the kubelet deletes every slice of its node when it starts, and a driver's
 slices when its plugin is gone for a while. So the publisher compares the two on every change
 (ours, a deletion seen by its watch, the kubelet registering the driver again) and writes only
-the difference. A failing API server is retried with backoff, logged once per problem.
+the difference. A failing API server is retried with backoff, logged once per problem. Nothing
+is compared before the first pool is wanted: a host starting beside another instance of the
+driver (a rolling update) would otherwise delete the slices that one publishes, and leave a gap.
 
 The host wants pools: a resource's devices are one pool over as many slices as they need. Every
 slice of a pool carries the pool's ``resourceSliceCount`` and ``generation``; the scheduler
@@ -47,6 +49,9 @@ from devicehost.host.serving.registration import Backoff
 
 STOP_TIMEOUT = 5.0
 """Seconds the final withdrawal of the slices may take when the host stops."""
+PACE_SLACK = 0.01
+"""Seconds added to a wait for a pool's interval: asyncio wakes a timer up to its clock resolution
+early, and a sync that found the pool still held for a few microseconds would list slices again."""
 WATCH_MIN_LIFE = 1.0
 """A watch that ends sooner than this counts as failing (retried with backoff)."""
 MIN_INTERVAL = 1.0
@@ -71,6 +76,7 @@ class Publisher:
         """The last generation written per pool name: one deleted by someone else comes back newer."""
         self._owner: tuple[str, str] | None = None
         self._dirty = asyncio.Event()
+        self._wanted = asyncio.Event()  # set by the first pool wanted
         self._synced = asyncio.Event()
         self._backoff = Backoff(0.2, 30.0)
         self._pace = Pace(min_interval)
@@ -91,6 +97,7 @@ class Publisher:
             return
         if self._pools.get(key) != wanted:
             self._pools[key] = wanted
+            self._wanted.set()
             self.poke()
 
     def drop_pool(self, key: str) -> None:
@@ -116,7 +123,8 @@ class Publisher:
         await self._synced.wait()
 
     async def run(self) -> None:
-        """Keep the slices in step until cancelled; a watch pokes on every deletion."""
+        """Keep the slices in step from the first pool wanted until cancelled; a watch pokes on every deletion."""
+        await self._wanted.wait()
         watching = watch_deletions(self._cluster, self._node, self._driver, self._pools, self.poke, self.log)
         watch = asyncio.create_task(watching, name=f"slice watch {self._driver}")
         try:
@@ -131,7 +139,7 @@ class Publisher:
                     continue
                 if held is not None:  # changes merge until the pool may be written again
                     self._dirty.set()
-                    await asyncio.sleep(held)
+                    await asyncio.sleep(held + PACE_SLACK)
                     continue
                 if self._backoff.reset():
                     self.log.info("ResourceSlices published again")
