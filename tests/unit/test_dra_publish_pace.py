@@ -115,8 +115,10 @@ async def test_a_device_flapping_every_100ms_costs_its_slice_one_write_a_second(
     assert cluster.shortest_gap() >= MIN_INTERVAL - 0.001
     assert cluster.devices() == {f"w{n}" for n in range(1000)} - {FLAPPING}  # the final health
     assert {b["spec"]["pool"]["generation"] for b in cluster.stored.values()} == generations
-    # nothing spins: a second costs one list when a change comes in it, one at its end (not 51)
-    assert cluster.calls["slices"] - lists <= 2 * (flapped // MIN_INTERVAL + 2)
+    # nothing spins: a second costs a list when a change comes in it and one at its end, and one
+    # more when its end found nothing to write (the flap was back where it was published), so
+    # the next change is written at once: at most 3 a second, not one per change (51)
+    assert cluster.calls["slices"] - lists <= 3 * (flapped // MIN_INTERVAL + 2)
 
 
 async def test_changes_inside_the_interval_are_written_once_at_its_end_the_newest_wins() -> None:
