@@ -196,7 +196,7 @@ def test_simulate_kubelet_shows_registration_and_an_allocation(
 def test_simulate_kubelet_serves_a_dra_backend_and_shows_a_sample_claim(
     env: dict[str, str], daemons: list[Daemon]
 ) -> None:
-    daemon = Daemon(["run", "--simulate-kubelet", "--backend", "dra-example"], env)
+    daemon = Daemon(["run", "--simulate-kubelet", "--backend", "dra-example", "--node-name", "node-7"], env)
     daemons.append(daemon)
     published = daemon.wait_for("ResourceSlice published", driver="gpu.example.com")
     assert published["devices"] == 8
@@ -205,6 +205,7 @@ def test_simulate_kubelet_serves_a_dra_backend_and_shows_a_sample_claim(
     gpu = device.rpartition("/")[2]
     assert prepared["env"][f"GPU_DEVICE_{gpu.removeprefix('gpu-')}"] == gpu
     assert prepared["env"]["DRA_ADMIN_ACCESS"] == "false"
+    assert prepared["env"]["KUBERNETES_NODE_NAME"] == "node-7"  # --node-name reaches the backend
     assert prepared["cdi_devices"][0].startswith("gpu.example.com/claim-")
     daemon.wait_for("sample claim unprepared", driver="gpu.example.com")
     assert daemon.stop(signal.SIGINT) == 0
