@@ -68,14 +68,11 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
     refused = settings_problems(backends, config)
     if refused:
         raise CommandFailed("backend settings refused:\n  " + "\n  ".join(refused), EXIT_USAGE)
+    export_node_name(config.node_name)
     if args.simulate_kubelet:
-        from devicehost.host.simulate import NODE
         from devicehost.host.simulate import run_simulated as serve
-
-        export_node_name(config.node_name or NODE)
     else:
         check_socket_dirs(config)
-        export_node_name(config.node_name)
         serve = app.run_host
     try:
         app.run_process(
