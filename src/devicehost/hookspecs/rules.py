@@ -372,7 +372,6 @@ MAX_BINDING_CONDITIONS = 4
 MAX_STATUS_CONDITIONS = 8
 MAX_STATUS_DATA = 10 * 1024
 MAX_IPS = 16
-_CONDITION_TYPE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _CONDITION_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
 
 
@@ -383,7 +382,7 @@ def condition_type_problem(name: object) -> str | None:
     prefix, slash, short = name.rpartition("/")
     if slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix)):
         return f"condition type {name!r:.100}: the prefix {prefix!r:.100} must be a DNS subdomain"
-    if len(short) > 63 or not _CONDITION_TYPE_NAME.fullmatch(short):
+    if len(short) > 63 or not _QUALIFIED_NAME.fullmatch(short):
         return (
             f"condition type {name!r:.100} must be at most 63 characters of [A-Za-z0-9-_.],"
             " starting and ending with a letter or digit (an optional DNS prefix and '/' before)"
