@@ -9,12 +9,13 @@ drivers wrote.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from drafakes import dra_host, dra_root
 
 import devicehost
@@ -31,7 +32,7 @@ from devicehost.hookspecs import rules
 from devicehost.host.backends.backend import AnswerRefused, Backend
 from devicehost.host.daemon import Host
 from devicehost.host.dra.claim_status import entry, merged
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError
 from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint
 
 DRIVER = "example.org"
@@ -262,3 +263,32 @@ def test_a_condition_keeps_its_transition_time_while_its_status_stays() -> None:
     other = {"driver": "x.org", "pool": "p", "device": "d"}
     assert merged([other, earlier], [written]) == [other, written]
     assert merged([other], [written]) == [other, written]
+
+
+class FlakyWatch(ClusterStandIn):
+    """An API server that refuses the claim watch ``refusals`` times, naming a new resourceVersion each time."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+        self.watches = 0
+
+    async def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self.watches += 1
+        if self.watches <= self.refusals:
+            raise ClusterError(f"watching ResourceClaims: 410 Gone: too old resource version: {self.watches}")
+        async for event in super().claim_events():
+            yield event
+
+
+async def test_a_refused_claim_watch_is_retried_with_backoff_and_said_once(root: Path) -> None:
+    cluster = FlakyWatch(refusals=2)
+    with structlog.testing.capture_logs() as logs:
+        async with host_of(root, Nics(), cluster):
+            await cluster.wait(lambda c: bool(c.stored))
+            ref = claim(cluster, "n0")
+            await cluster.wait(lambda c: condition(c, ref, "n0") is not None, timeout=10)
+    events = [entry["event"] for entry in logs]
+    assert cluster.watches == 3  # two refused, then one that works: no spin
+    assert events.count("watching ResourceClaims for binding conditions failed; retrying with backoff") == 1
+    assert events.count("watching ResourceClaims for binding conditions again") == 1

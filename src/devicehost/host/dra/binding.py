@@ -7,7 +7,7 @@ give the device up. :class:`BindingWatch` watches every ResourceClaim; for each 
 one of this driver's devices whose conditions are awaited it asks the backend
 (``devicehost_device_status``, ``prepared=False``) and writes the answer, again every
 :data:`POLL` seconds until they all hold, a failure condition does, or the claim is gone. A
-watch that breaks is started again with backoff, said once until it works again.
+watch that breaks is started again with backoff, said once per kind of problem until it works again.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import structlog
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra.claim_status import HOOK, after_prepare, awaiting, our_devices, write_status
 from devicehost.host.dra.cluster import ClusterError
+from devicehost.host.dra.publisher import problem_kind
+from devicehost.host.serving.registration import Backoff
 
 if TYPE_CHECKING:
     from devicehost.host.dra.claims import Attached
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
 
 POLL = 1.0
 """Seconds between two questions to the backend about a claim whose conditions are awaited."""
-BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-"""Seconds before the watch is started again after its first, second, ... failure in a row."""
+BACKOFF = (1.0, 30.0)
+"""Seconds before the watch is started again after its first failure in a row, and the most."""
 
 Key = tuple[str, str]
 
@@ -79,24 +81,22 @@ class BindingWatch:
         while not self.wanted():
             seen = await self._changed(seen)
         self.log.info("watching ResourceClaims: devices have binding conditions")
-        failures = 0
+        backoff = Backoff(*BACKOFF)
         while True:
             try:
                 async for kind, claim in self._cluster.claim_events():
-                    if failures:
+                    if backoff.reset():
                         self.log.info("watching ResourceClaims for binding conditions again")
-                        failures = 0
                     self._seen(kind, claim)
                 raise ClusterError("the watch ended")
             except ClusterError as exc:
-                wait = BACKOFF[min(failures, len(BACKOFF) - 1)]
-                if not failures:
+                wait, changed = backoff.fail(problem_kind(str(exc)))
+                if changed:
                     self.log.warning(
                         "watching ResourceClaims for binding conditions failed; retrying with backoff",
                         error=str(exc),
-                        retry_in=wait,
+                        retry_in=round(wait, 2),
                     )
-                failures += 1
                 await asyncio.sleep(wait)
 
     async def stop(self) -> None:
