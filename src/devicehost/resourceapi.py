@@ -18,6 +18,10 @@ class ClusterError(Exception):
     """The API server refused or could not be reached; the message says which and why."""
 
 
+class NotFound(ClusterError):
+    """The object is not there (404): deleted, or never made."""
+
+
 @dataclass(frozen=True)
 class AllocatedDevice:
     """One device the scheduler allocated to a claim, as the claim's status names it.

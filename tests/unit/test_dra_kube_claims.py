@@ -10,8 +10,15 @@ import pytest
 from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceClaimStatus
 
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, Conflict, OpaqueConfig
-from devicehost.host.dra.kube import _errors, _NotFound, claim_allocation
+from devicehost.host.dra.cluster import (
+    AllocatedDevice,
+    ClaimAllocation,
+    ClusterError,
+    Conflict,
+    NotFound,
+    OpaqueConfig,
+)
+from devicehost.host.dra.kube import _errors, claim_allocation
 
 
 def claim_json(devices: dict[str, Any] | None, uid: str = "uid-1") -> dict[str, Any]:
@@ -111,14 +118,14 @@ def test_an_api_error_is_one_line_naming_what_was_done() -> None:
     with pytest.raises(ClusterError) as caught, _errors("replacing ResourceSlice s"):
         raise api_error(409, "Conflict", "the object has been modified")
     assert str(caught.value) == "replacing ResourceSlice s: 409 Conflict: the object has been modified"
-    assert not isinstance(caught.value, _NotFound)
+    assert not isinstance(caught.value, NotFound)
     assert caught.value.__cause__ is None
     assert caught.value.__suppress_context__
 
 
 def test_not_found_is_told_apart() -> None:
     with (
-        pytest.raises(_NotFound, match=r"^deleting ResourceSlice s: 404 NotFound: "),
+        pytest.raises(NotFound, match=r"^deleting ResourceSlice s: 404 NotFound: "),
         _errors("deleting ResourceSlice s"),
     ):
         raise api_error(404, "NotFound", 'resourceslices "s" not found')

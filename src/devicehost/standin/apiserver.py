@@ -18,7 +18,14 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
-from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
+from devicehost.resourceapi import (
+    AllocatedDevice,
+    ClaimAllocation,
+    ClusterError,
+    Conflict,
+    NotFound,
+    OpaqueConfig,
+)
 from devicehost.standin.claimstatus import ClaimStatuses
 
 NODE_UID = "0f0f0f0f-node-uid"
@@ -50,7 +57,7 @@ class ApiServerStandIn(ClaimStatuses):
         self._check()
         found = self.claims.get((namespace, name))
         if found is None:
-            raise ClusterError(f"ResourceClaim {namespace}/{name}: 404 NotFound")
+            raise NotFound(f"ResourceClaim {namespace}/{name}: 404 NotFound")
         return found
 
     async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
@@ -79,7 +86,7 @@ class ApiServerStandIn(ClaimStatuses):
         if current is None or current["metadata"]["resourceVersion"] != body["metadata"].get(
             "resourceVersion"
         ):
-            raise ClusterError(f"replacing ResourceSlice {name}: 409 Conflict")
+            raise Conflict(f"replacing ResourceSlice {name}: 409 Conflict")
         self._store(body)
 
     async def delete_slice(self, name: str) -> None:

@@ -17,7 +17,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from devicehost.resourceapi import SLICE_API_VERSION, ClaimAllocation, ClusterError, Conflict
+from devicehost.resourceapi import SLICE_API_VERSION, ClaimAllocation, ClusterError, Conflict, NotFound
 
 CLAIM_POLL = 0.05
 """Seconds between looks for changed claims (tests change :attr:`claims` directly)."""
@@ -43,7 +43,7 @@ class ClaimStatuses:
     async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
         self._check()
         if (namespace, name) not in self.claims:
-            raise ClusterError(f"ResourceClaim {namespace}/{name}: 404 NotFound")
+            raise NotFound(f"ResourceClaim {namespace}/{name}: 404 NotFound")
         return self.claim_body(namespace, name)
 
     async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
@@ -52,7 +52,7 @@ class ClaimStatuses:
         key = (namespace, name)
         what = f"writing the status of ResourceClaim {namespace}/{name}"
         if key not in self.claims:
-            raise ClusterError(f"{what}: 404 NotFound")
+            raise NotFound(f"{what}: 404 NotFound")
         if body["metadata"].get("resourceVersion") != self._version(key):
             raise Conflict(f"{what}: 409 Conflict: the object has been modified")
         allocated = {(d.driver, d.pool, d.device) for d in self.claims[key].devices}

@@ -23,7 +23,7 @@ import structlog
 from devicehost.hookspecs.types import ClaimRequest, DeviceStatus, NetworkData
 from devicehost.host.backends.backend import HookError, device_status
 from devicehost.host.dra import names
-from devicehost.host.dra.cluster import ClusterError, Conflict
+from devicehost.host.dra.cluster import ClusterError, Conflict, NotFound
 from devicehost.resourceapi import claim_allocation
 
 if TYPE_CHECKING:
@@ -97,10 +97,8 @@ async def write_status(
     for _ in range(WRITE_TRIES):
         try:
             claim = await cluster.claim_object(namespace, name)
-        except ClusterError as exc:
-            if "404" in str(exc):
-                return False
-            raise
+        except NotFound:
+            return False
         if claim.get("metadata", {}).get("uid") != uid:
             return False
         ours = [

@@ -17,6 +17,7 @@ from devicehost.resourceapi import (
     ClaimAllocation,
     ClusterError,
     Conflict,
+    NotFound,
     OpaqueConfig,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "Conflict",
+    "NotFound",
     "OpaqueConfig",
 ]
 

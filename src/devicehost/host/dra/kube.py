@@ -19,7 +19,7 @@ from lightkube import ALL_NS, ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
-from devicehost.host.dra.cluster import ClaimAllocation, ClusterError, Conflict
+from devicehost.host.dra.cluster import ClaimAllocation, ClusterError, Conflict, NotFound
 from devicehost.resourceapi import claim_allocation, taint_probe
 
 FIELD_MANAGER = "devicehost"
@@ -86,7 +86,7 @@ class KubeCluster:
         try:
             with _errors(f"deleting ResourceSlice {name}"):
                 await self._api().delete(ResourceSlice, name)
-        except _NotFound:
+        except NotFound:
             pass
 
     async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
@@ -121,10 +121,6 @@ def _mine(node: str, driver: str) -> dict[str, Any]:
     return {"spec.nodeName": node, "spec.driver": driver}
 
 
-class _NotFound(ClusterError):
-    pass
-
-
 @contextlib.contextmanager
 def _errors(doing: str) -> Iterator[None]:
     """Turn the client's errors into one-line :class:`ClusterError`s naming what was done."""
@@ -132,7 +128,7 @@ def _errors(doing: str) -> Iterator[None]:
         yield
     except ApiError as exc:
         status = exc.status
-        error = {NOT_FOUND: _NotFound, CONFLICT: Conflict}.get(status.code or 0, ClusterError)
+        error = {NOT_FOUND: NotFound, CONFLICT: Conflict}.get(status.code or 0, ClusterError)
         raise error(f"{doing}: {status.code} {status.reason}: {status.message}") from None
     except (httpx2.HTTPError, OSError) as exc:
         raise ClusterError(f"{doing}: {type(exc).__name__}: {exc}") from None
