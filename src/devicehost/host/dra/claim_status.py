@@ -52,14 +52,18 @@ class Ours:
 def our_devices(claim: Mapping[str, Any], driver: str, resources: Mapping[str, Attached]) -> list[Ours]:
     """The claim's allocated devices of ``driver`` in a pool this host publishes."""
     by_pool = {a.pool: a for a in resources.values()}
+    named: dict[str, dict[str, str]] = {}  # pool -> DRA device name -> device ID, built once a pool
     found = []
     for result in _results(claim):
-        attached = by_pool.get(result.get("pool", ""))
+        pool = result.get("pool", "")
+        attached = by_pool.get(pool)
         if result.get("driver") != driver or attached is None:
             continue
-        ids = {names.device_name(d.id): d.id for d in attached.server.table.devices}
-        if result.get("device") in ids:
-            found.append(Ours(result, ids[result["device"]], attached))
+        if pool not in named:
+            named[pool] = {names.device_name(d.id): d.id for d in attached.server.table.devices}
+        device_id = named[pool].get(result.get("device", ""))
+        if device_id is not None:
+            found.append(Ours(result, device_id, attached))
     return found
 
 
