@@ -9,6 +9,7 @@ drivers wrote.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -292,3 +293,37 @@ async def test_a_refused_claim_watch_is_retried_with_backoff_and_said_once(root:
     assert cluster.watches == 3  # two refused, then one that works: no spin
     assert events.count("watching ResourceClaims for binding conditions failed; retrying with backoff") == 1
     assert events.count("watching ResourceClaims for binding conditions again") == 1
+
+
+class SharedNics(Nics):
+    """The NICs allowing multiple allocations: each claim holds a share of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shares: list[dict[str, str]] = []
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[Resource]:
+        (nics,) = super().devicehost_discover()
+        shared = tuple(dataclasses.replace(d, allow_multiple_allocations=True) for d in nics.devices)
+        return [dataclasses.replace(nics, devices=shared)]
+
+    @devicehost.hookimpl
+    def devicehost_device_status(
+        self, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool
+    ) -> Any:
+        self.shares.append({d: s.id for d, s in claim.shares.items()})
+        return super().devicehost_device_status(device_ids, claim, prepared)
+
+
+async def test_a_shared_device_is_asked_about_and_written_with_its_share(root: Path) -> None:
+    backend, cluster = SharedNics(), ClusterStandIn()
+    async with host_of(root, backend, cluster):
+        await cluster.wait(lambda c: bool(c.stored))
+        ref = cluster.allocate(DRIVER, devices=["n0"], request="nic")
+        await cluster.wait(lambda c: condition(c, ref, "n0") is not None)
+        (device,) = cluster.claims[(ref[0], ref[2])].devices
+        (status,) = cluster.device_statuses(ref[0], ref[2])
+    assert device.share_id
+    assert backend.shares[0] == {"n0": device.share_id}  # the hook knows which share it answers for
+    assert status["shareID"] == device.share_id  # the API keys a share's status by it

@@ -70,24 +70,26 @@ class ClaimAllocation:
         return None
 
 
+def allocated_device(result: Mapping[str, Any]) -> AllocatedDevice:
+    """One result of a claim's allocation (as JSON): its device, admin access and share."""
+    return AllocatedDevice(
+        result["request"],
+        result["driver"],
+        result["pool"],
+        result["device"],
+        bool(result.get("adminAccess", False)),
+        str(result.get("shareID") or ""),
+        {str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()},
+    )
+
+
 def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
     """A ResourceClaim (as JSON) as the kubelet plugin reads it: UID, devices and opaque configs."""
     allocation = claim.get("status", {}).get("allocation") or {}
     devices = allocation.get("devices") or {}
     return ClaimAllocation(
         str(claim.get("metadata", {}).get("uid", "")),
-        tuple(
-            AllocatedDevice(
-                r["request"],
-                r["driver"],
-                r["pool"],
-                r["device"],
-                bool(r.get("adminAccess", False)),
-                str(r.get("shareID") or ""),
-                {str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
-            )
-            for r in devices.get("results") or ()
-        ),
+        tuple(allocated_device(r) for r in devices.get("results") or ()),
         tuple(
             OpaqueConfig(
                 c["opaque"]["driver"], c["opaque"].get("parameters") or {}, tuple(c.get("requests") or ())

@@ -26,7 +26,7 @@ from devicehost.resourceapi import (
     NotFound,
     OpaqueConfig,
 )
-from devicehost.standin.claimstatus import ClaimStatuses
+from devicehost.standin.claimstatus import ClaimStatuses, published
 
 NODE_UID = "0f0f0f0f-node-uid"
 
@@ -177,18 +177,6 @@ class ApiServerStandIn(ClaimStatuses):
     def _check(self) -> None:
         if self.down is not None:
             raise ClusterError(self.down)
-
-
-def published(
-    stored: Mapping[str, Mapping[str, Any]], driver: str
-) -> dict[tuple[str, str], Mapping[str, Any]]:
-    """Each device of ``driver`` in the ``stored`` slices, by (pool, device), slice by slice."""
-    return {
-        (body["spec"]["pool"]["name"], device["name"]): device
-        for body in stored.values()
-        if body["spec"]["driver"] == driver
-        for device in body["spec"].get("devices", ())
-    }
 
 
 def free_devices(

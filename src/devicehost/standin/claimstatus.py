@@ -92,6 +92,8 @@ class ClaimStatuses:
             }
             if device.admin_access:
                 result["adminAccess"] = True
+            if device.share_id:
+                result |= {"shareID": device.share_id, "consumedCapacity": dict(device.consumed)}
             results.append(result)
         status: dict[str, Any] = {"allocation": {"devices": {"results": results}}} if results else {}
         if self.statuses.get(allocation.uid):
@@ -131,16 +133,22 @@ class ClaimStatuses:
 
     def _binding_fields(self, driver: str, pool: str, device: str) -> dict[str, list[str]]:
         """The binding conditions of the published device, as the scheduler copies them."""
-        for body in self.stored.values():
-            spec = body["spec"]
-            if spec["driver"] != driver or spec["pool"]["name"] != pool:
-                continue
-            for published in spec.get("devices", ()):
-                if published["name"] == device:
-                    return {k: list(published[k]) for k in BINDING_FIELDS if published.get(k)}
-        return {}
+        entry = published(self.stored, driver).get((pool, device), {})
+        return {k: list(entry[k]) for k in BINDING_FIELDS if entry.get(k)}
 
     def _version(self, key: Key) -> str:
         allocation = self.claims[key]
         seen = repr(allocation) + json.dumps(self.statuses.get(allocation.uid), sort_keys=True)
         return hashlib.sha256(seen.encode()).hexdigest()[:12]
+
+
+def published(
+    stored: Mapping[str, Mapping[str, Any]], driver: str
+) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Each device of ``driver`` in the ``stored`` slices, by (pool, device), slice by slice."""
+    return {
+        (body["spec"]["pool"]["name"], device["name"]): device
+        for body in stored.values()
+        if body["spec"]["driver"] == driver
+        for device in body["spec"].get("devices", ())
+    }

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from devicehost.hookspecs.types import ClaimRequest, DeviceStatus, NetworkData
+from devicehost.hookspecs.types import ClaimRequest, DeviceStatus, NetworkData, Share
 from devicehost.host.backends.backend import HookError, device_status
 from devicehost.host.dra import names
 from devicehost.host.dra.cluster import ClusterError, Conflict, NotFound
-from devicehost.resourceapi import claim_allocation
+from devicehost.resourceapi import allocated_device, claim_allocation
 
 if TYPE_CHECKING:
     from devicehost.host.dra.claims import Attached
@@ -151,10 +151,17 @@ async def _ask(
             meta["uid"],
             checked,
             any(bool(d.result.get("adminAccess")) for d in devices),
+            {d.device_id: share for d in devices if (share := share_of(d.result)) is not None},
         )
         said = await device_status(backend, resource, tuple(d.device_id for d in devices), asked, prepared)
         answers.update((d, said[d.device_id]) for d in devices if d.device_id in said)
     return answers
+
+
+def share_of(result: Mapping[str, Any]) -> Share | None:
+    """The share an allocation result names (a device that allows multiple allocations), or None."""
+    device = allocated_device(result)
+    return Share(device.share_id, device.consumed) if device.share_id else None
 
 
 def entry(
