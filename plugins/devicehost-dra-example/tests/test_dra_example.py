@@ -17,10 +17,11 @@ from pydantic import ValidationError
 from devicehost.host.dra.drivers import DraDrivers
 from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
 from devicehost.testing.host import running_host
-from devicehost_dra_example import DRIVER, RESOURCE, DraExampleBackend, Settings, gpu_uuids
+from devicehost_dra_example import DRIVER, RESOURCE, DraExampleBackend, Settings
 from devicehost_dra_example.config import GpuConfig
 from devicehost_dra_example.net import DRIVER as NET_DRIVER
 from devicehost_dra_example.net import DraExampleNetBackend, NetConfig
+from devicehost_dra_example.node import seeded_uuids
 
 TIME_SLICING = {"apiVersion": "gpu.resource.example.com/v1alpha1", "kind": "GpuConfig"}
 
@@ -86,7 +87,7 @@ async def test_publishes_the_reference_gpus_through_dra_by_default(root: Path) -
     assert first["attributes"]["index"] == {"int": 0}
     assert first["attributes"]["model"] == {"string": "LATEST-GPU-MODEL"}
     assert first["attributes"]["driverVersion"] == {"version": "1.0.0"}
-    assert first["attributes"]["uuid"] == {"string": gpu_uuids("node-a", 8)[0]}
+    assert first["attributes"]["uuid"] == {"string": seeded_uuids("node-a", "gpu", 8)[0]}
     assert first["capacity"] == {"memory": {"value": "80Gi"}, "compute": {"value": "100"}}
 
 
@@ -350,7 +351,7 @@ async def test_binding_conditions_hold_a_claim_until_the_ready_file_exists(root:
         "Device is ready",
     )
     assert status["data"] == {
-        "uuid": gpu_uuids("node-a", 1)[0],
+        "uuid": seeded_uuids("node-a", "gpu", 1)[0],
         "model": "LATEST-GPU-MODEL",
         "driverVersion": "1.0.0",
     }

@@ -11,11 +11,7 @@ kubelet plugin, CDI specs, the checkpoint, admin access and prioritized lists.
 
 from __future__ import annotations
 
-import os
-import random
-import socket
 import threading
-import uuid
 
 from pydantic import ConfigDict, Field, NonNegativeInt
 
@@ -23,6 +19,7 @@ import devicehost
 from devicehost import Capacity, ClaimRequest, ContainerAllocation, Device, DeviceStatus, Resource, Version
 from devicehost_dra_example.binding import BindingSettings, binding_fields, device_status
 from devicehost_dra_example.config import DEFAULT, GpuConfig
+from devicehost_dra_example.node import node_name, seeded_uuids
 
 DRIVER = "gpu.example.com"
 RESOURCE = f"{DRIVER}/gpu"
@@ -56,12 +53,6 @@ class Settings(BindingSettings):
     )
 
 
-def gpu_uuids(seed: str, count: int) -> list[str]:
-    """``gpu-<uuid>`` for each GPU, the same on every start for the same node."""
-    rng = random.Random(seed)
-    return [f"gpu-{uuid.UUID(bytes=rng.randbytes(16))}" for _ in range(count)]
-
-
 def gpu_env(device: str, config: GpuConfig) -> dict[str, str]:
     """The reference's per-device environment: which GPU, its sharing strategy and its setting."""
     key = f"GPU_DEVICE_{device.removeprefix('gpu-').upper().replace('-', '_')}"
@@ -75,7 +66,7 @@ def gpus(settings: Settings, seed: str) -> Resource:
     parts = settings.gpu_partitions
     devices: list[Device] = []
     counter_sets: dict[str, dict[str, int | str]] = {}
-    for i, gpu_uuid in enumerate(gpu_uuids(seed, settings.num_gpus)):
+    for i, gpu_uuid in enumerate(seeded_uuids(seed, "gpu", settings.num_gpus)):
         attributes: dict[str, bool | int | str] = {
             "index": i, "uuid": gpu_uuid, "model": MODEL, "driverVersion": DRIVER_VERSION
         }  # fmt: skip
@@ -156,7 +147,7 @@ class DraExampleBackend:
             self._settings = settings
 
     def _node(self) -> str:
-        return self._settings.node_name or os.environ.get("DEVICEHOST_NODE_NAME") or socket.gethostname()
+        return node_name(self._settings.node_name)
 
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:

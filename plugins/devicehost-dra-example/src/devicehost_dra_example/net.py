@@ -9,17 +9,14 @@ each profile as its own driver, with its own claim configuration model (:class:`
 
 from __future__ import annotations
 
-import os
-import random
-import socket
 import threading
-import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 import devicehost
 from devicehost import Capacity, ClaimRequest, ContainerAllocation, Device, Resource, Version, quantity
+from devicehost_dra_example.node import node_name, seeded_uuids
 
 DRIVER = "net.example.com"
 RESOURCE = f"{DRIVER}/nic"
@@ -65,20 +62,19 @@ class NetConfig(BaseModel):
 
 def nics(count: int, seed: str) -> Resource:
     """``nic-0`` .. ``nic-<count-1>``, each shared by bandwidth."""
-    rng = random.Random(seed)
     devices = tuple(
         Device(
             f"nic-{i}",
             attributes={
                 "index": i,
-                "uuid": f"net-{uuid.UUID(bytes=rng.randbytes(16))}",
+                "uuid": nic_uuid,
                 "model": MODEL,
                 "driverVersion": Version("1.0.0"),
             },
             capacity={"vfs": VFS, "ingressBandwidth": BANDWIDTH, "egressBandwidth": BANDWIDTH},
             allow_multiple_allocations=True,
         )
-        for i in range(count)
+        for i, nic_uuid in enumerate(seeded_uuids(seed, "net", count))
     )
     return Resource(RESOURCE, devices, serve_through="dra")
 
@@ -121,7 +117,7 @@ class DraExampleNetBackend:
             self._settings = settings
 
     def _node(self) -> str:
-        return self._settings.node_name or os.environ.get("DEVICEHOST_NODE_NAME") or socket.gethostname()
+        return node_name(self._settings.node_name)
 
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:
