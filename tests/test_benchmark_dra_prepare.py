@@ -7,25 +7,14 @@ different CDI specs, so a passing run also says the comparison is like for like.
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarking import minimal_run
 
 
 def test_dra_prepare_measurement_writes_results(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "dra_prepare", "--out", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    results = json.loads(out.read_text())
+    results = minimal_run(tmp_path, "dra_prepare")
     assert results["mode"] == "minimal"
     figures = {f["name"]: f for f in results["figures"]}
     assert {f["measurement"] for f in figures.values()} == {"dra_prepare"}

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarking import minimal_run
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -53,15 +55,7 @@ def test_allocate_measurement_writes_results(tmp_path: Path) -> None:
 
 
 def test_soak_measurement_writes_results(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "soak", "--out", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    results = json.loads(out.read_text())
+    results = minimal_run(tmp_path, "soak", timeout=300)
     assert results["mode"] == "minimal"
     figures = {f["name"]: f for f in results["figures"]}
     assert {f["measurement"] for f in figures.values()} == {"soak"}
@@ -159,15 +153,7 @@ def test_quick_says_how_long_it_takes_as_measured() -> None:
 
 def test_restart_measurement_includes_a_series_under_load(tmp_path: Path) -> None:
     """Issue 26: restarts are also measured while another process keeps a core busy."""
-    out = tmp_path / "results.json"
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "restart", "--out", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
+    figures = {f["name"]: f for f in minimal_run(tmp_path, "restart")["figures"]}
     assert figures["1 resources under load: restarts with every resource back"]["target"] == ">= 2"
     for stat, target in (("p99", "< 50"), ("max", "< 200")):
         figure = figures[f"1 resources under load back {stat}"]

@@ -5,15 +5,13 @@ and a claim on a device of the 5th slice prepares."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
+from benchmarking import minimal_run
 from drafakes import CountingCluster, dra_host, dra_root
 
 import devicehost
@@ -121,15 +119,7 @@ async def test_rediscovery_with_nothing_changed_writes_nothing(root: Path) -> No
 
 
 def test_the_publish_benchmark_reports_the_writes(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--minimal", "--only", "dra_publish", "--out", str(out)],
-        cwd=Path(__file__).resolve().parent.parent,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
+    figures = {f["name"]: f for f in minimal_run(tmp_path, "dra_publish")["figures"]}
     writes = {name: (f["value"], f["baseline"]) for name, f in figures.items() if f["unit"] == "writes"}
     assert writes == {
         "API writes, first publish (8 slices)": (8, 8),
