@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drahost import DraHost, dra_config, driver_slices, pods, printed_env, since, wait_running
+from drahost import DraHost, claim_pod, dra_config, driver_slices, pods, printed_env, since, wait_running
 from k8skit import Kit, until
 
 DRIVER = "gizmos.example.org"
@@ -128,23 +128,7 @@ def test_a_thousand_devices_are_one_pool_and_the_last_one_allocates(kit: Kit, ho
             }
         },
     }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"namespace": NAMESPACE, "name": "pod0", "labels": LABEL},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gizmo", "resourceClaimName": "last-gizmo"}],
-            "containers": [
-                {
-                    "name": "ctr0",
-                    "image": "localhost/envsleep:v1",
-                    "imagePullPolicy": "Never",
-                    "resources": {"claims": [{"name": "gizmo"}]},
-                }
-            ],
-        },
-    }
+    pod = claim_pod(NAMESPACE, "pod0", {"name": "gizmo", "resourceClaimName": "last-gizmo"}, LABEL)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": LABEL}}
     started = time.monotonic()
     kit.apply_all([namespace, claim, pod])

@@ -32,6 +32,7 @@ import pytest
 import yaml
 from drahost import (
     DraHost,
+    claim_pod,
     container_env,
     driver_slices,
     namespace_events,
@@ -74,24 +75,9 @@ def manifests(device_class: str = DRIVER) -> list[dict[str, Any]]:
     return [namespace, template]
 
 
-def claim_pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"namespace": NAMESPACE, "name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": "one"}],
-            "containers": [
-                {
-                    "name": "ctr0",
-                    "image": "localhost/envsleep:v1",
-                    "imagePullPolicy": "Never",
-                    "resources": {"claims": [{"name": "dev"}]},
-                }
-            ],
-        },
-    }
+def one_pod(name: str) -> dict[str, Any]:
+    """A pod of the claim template ``one``."""
+    return claim_pod(NAMESPACE, name, {"name": "dev", "resourceClaimTemplateName": "one"})
 
 
 class SliceWatch:
@@ -193,7 +179,7 @@ def start_pods(kit: Kit, old: DraHost, new: DraHost) -> dict[str, Any]:
             seen["told"] = time.monotonic()
             old.process.send_signal(signal.SIGTERM)  # as the kubelet stops the old DaemonSet pod
             threading.Thread(target=exited, daemon=True).start()
-        kit.apply(claim_pod(f"pod{n}"))
+        kit.apply(one_pod(f"pod{n}"))
         seen["pods"].append(f"pod{n}")
         if len(seen["pods"]) > KEEP:
             oldest = seen["pods"][-KEEP - 1]
@@ -225,7 +211,7 @@ def test_a_rolling_update_prepares_every_claim_and_keeps_the_slices(
         ]
         kit.notes.extend(f"dra rolling: a slice of {DRIVER} not on {node}: {name}" for name in elsewhere)
         kit.apply_all(manifests())
-        kit.apply(claim_pod("holder"))
+        kit.apply(one_pod("holder"))
         shows_gpu(kit, "holder")
         (holder,) = uids("claim prepared", old)
         kubelet_from = kit.kubelet_log_offset()
@@ -380,7 +366,7 @@ def test_the_daemonset_rolls_with_surge_while_claim_pods_start(
                 ["kubectl", "logs", "-f", "-n", "kube-system", old_pod], stdout=out, env=kit.env()
             )
         kit.apply_all(manifests("widget.example.com"))
-        kit.apply(claim_pod("holder"))
+        kit.apply(one_pod("holder"))
         holder = shows_widget(kit, "holder")
         watch = SliceWatch(kit, node, WIDGET_DRIVER)
         started = time.monotonic()
@@ -391,7 +377,7 @@ def test_the_daemonset_rolls_with_surge_while_claim_pods_start(
         kit.kubectl("patch", *DAEMONSET, "--type", "merge", "-p", json.dumps(patch))
         created: list[str] = []
         while len(created) < 12:
-            kit.apply(claim_pod(f"pod{len(created)}"))
+            kit.apply(one_pod(f"pod{len(created)}"))
             created.append(f"pod{len(created)}")
             if len(created) > 2:  # 4 widgets: the holder, two pods, one starting
                 shows_widget(kit, created[-3])

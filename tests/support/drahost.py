@@ -212,3 +212,28 @@ def container_env(
     print(f"{namespace} {pod}/{container}:", *shown, sep="\n  ")
     assert env.get("DRA_RESOURCE_DRIVER_NAME") == driver, shown
     return env
+
+
+def claim_pod(
+    namespace: str, name: str, claim: Mapping[str, str], labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod whose one container ``ctr0`` (the kit's envsleep image: it prints its environment)
+    uses one claim: ``claim`` is its pod-level entry, ``{"name": ..., "resourceClaimName": ...}``
+    or ``... "resourceClaimTemplateName": ...``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": namespace, "name": name, **({"labels": dict(labels)} if labels else {})},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [dict(claim)],
+            "containers": [
+                {
+                    "name": "ctr0",
+                    "image": "localhost/envsleep:v1",
+                    "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": claim["name"]}]},
+                }
+            ],
+        },
+    }
