@@ -319,6 +319,11 @@ class Backend:
     ) -> None:
         await self._call("devicehost_release", resource=resource, device_ids=device_ids, claim=claim)
 
+    async def restore(self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest) -> None:
+        """Tell the backend of a claim prepared before the host started (DRA; optional hook)."""
+        if self.implements("devicehost_restore"):
+            await self._call("devicehost_restore", resource=resource, device_ids=device_ids, claim=claim)
+
     def close(self) -> None:
         """Let the backend's threads go; hung ones finish in the background."""
         self._threads.close()

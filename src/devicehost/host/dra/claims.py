@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,8 +27,8 @@ import structlog
 from devicehost import cdi
 from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Device, Health, Share
 from devicehost.host.backends.backend import HookError
-from devicehost.host.dra import names
-from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
+from devicehost.host.dra import claim_specs, names, steps
+from devicehost.host.dra.checkpoint import Checkpoint, Phase, PreparedClaim, PreparedDevice, by_resource
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 
@@ -66,110 +67,88 @@ class Picked:
     """Its share, on a device that allows multiple allocations."""
 
 
-class Claims:
-    """The claims of one driver: prepared through its backends, kept in its checkpoint."""
+class ClaimSteps:
+    """Each step of preparing and unpreparing one claim of a driver, through its backends, its
+    checkpoint and its CDI specs, recorded before it is taken (see :mod:`.steps`)."""
 
     def __init__(
         self,
         driver: str,
-        cluster: Cluster,
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
         device_plugin_holds: Callable[[str], frozenset[str]],
         cdi_dir: Path | None = None,
     ) -> None:
-        self._driver = driver
-        self._cdi_dir = cdi_dir
+        self.driver = driver
+        self.cdi_dir = cdi_dir
         """Where the claims' CDI specs go: the host's ``cdi_dir`` (None: ``devicehost.cdi``'s default)."""
-        self._cluster = cluster
         self.checkpoint = checkpoint
-        self._resources = resources
+        self.resources = resources
         self._device_plugin_holds = device_plugin_holds
-        self._lock = asyncio.Lock()
-        reads = asyncio.Semaphore(READS)
-        self._read = functools.partial(read_bounded, reads, cluster, driver)
         self.prepared = 0
         self.tainted = False
         """Unhealthy devices are published with a taint: the scheduler gave one only to a claim
         that tolerates it, so prepare takes it (else it was withdrawn, and is refused)."""
         self.log = log.bind(driver=driver)
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Each claim prepared (or as prepared before), or the one-line reason it is not.
-
-        The claims are read from the API server at once, outside the lock, so one slow read does
-        not hold the others; then they are prepared one at a time, and the checkpoint is written
-        once for all of them before the kubelet gets the answer.
-        """
-        new = [ref for ref in claims if ref[1] not in self.checkpoint.claims]
-        reads = await asyncio.gather(*(self._read(*ref) for ref in new), return_exceptions=True)
-        allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
-        answers: dict[str, PreparedClaim | str] = {}
-        async with owned(self._lock, self.checkpoint, self._resources):
-            await self._prepare_all(claims, allocations, answers)
-        return answers
-
-    async def _prepare_all(
-        self,
-        claims: Sequence[ClaimRef],
-        allocations: Mapping[str, ClaimAllocation | BaseException],
-        answers: dict[str, PreparedClaim | str],
-    ) -> None:
-        for namespace, uid, name in claims:
-            try:
-                prepared = self.checkpoint.claims.get(uid)
-                if prepared is None:
-                    read = allocations.get(uid)
-                    if read is None:  # prepared when the reads began, unprepared since
-                        read = await self._read(namespace, uid, name)
-                    prepared = await self._prepare(namespace, uid, name, read)
-                answers[uid] = prepared
-            except _ClaimRefused as exc:
-                self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
-                answers[uid] = str(exc)
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """For each claim, "" once unprepared (or never prepared), else the one-line reason."""
-        errors: dict[str, str] = {}
-        async with owned(self._lock, self.checkpoint, self._resources):
-            for namespace, uid, name in claims:
-                try:
-                    await self._unprepare(uid)
-                    errors[uid] = ""
-                except _ClaimRefused as exc:
-                    self.log.error(
-                        "claim not unprepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
-                    )
-                    errors[uid] = str(exc)
-        return errors
+    def as_on_disk(self, claim: PreparedClaim) -> PreparedClaim:
+        """``claim``, its CDI spec written again first where it is missing or differs: a prepare
+        answer promises only what is on disk."""
+        try:
+            if claim_specs.ensure(claim, self.driver, self.cdi_dir):
+                self.log.warning(
+                    "CDI spec of a prepared claim was missing or changed: written again",
+                    claim=f"{claim.namespace}/{claim.name}",
+                    uid=claim.uid,
+                )
+        except (OSError, ValueError) as exc:
+            raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
+        return claim
 
     async def _prepare(
         self, namespace: str, uid: str, name: str, read: ClaimAllocation | BaseException
     ) -> PreparedClaim:
         if isinstance(read, BaseException):
-            if isinstance(read, _ClaimRefused):
+            if isinstance(read, ClaimRefused):
                 raise read
-            raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
-        kind = names.cdi_kind(self._driver, uid)
-        picked = pick(read.devices, self._resources, self._device_plugin_holds, self.tainted)
-        devices, spec_devices = await self._allocate(kind, f"{namespace}/{name}", uid, read, picked)
-        if spec_devices:
-            try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir)
-            except (OSError, ValueError) as exc:
-                await self._release(
-                    devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
-                )
-                raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
-        claim = PreparedClaim(uid, namespace, name, tuple(devices))
+            raise ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
+        kind = names.cdi_kind(self.driver, uid)
+        picked = pick(read.devices, self.resources, self._device_plugin_holds, self.tainted)
+        configs = {request: parameters(self.driver, read, request) for _, request in picked}
+        planned = [d for (r, q), c in picked.items() for d in prepared_devices(q, self.resources[r].pool, r, c, ())]
+        self.checkpoint.add(PreparedClaim(uid, namespace, name, tuple(planned), Phase.PREPARING, None, configs))
+        self.checkpoint.flush()
+        steps.reached(steps.PREPARE_RECORDED)
+        try:
+            claim = await self._allocate_and_write(kind, PreparedClaim(uid, namespace, name, (), configs=configs), read, picked)
+        except ClaimRefused:
+            self.checkpoint.remove(uid)
+            raise
         self.checkpoint.add(claim)
         for resource, held in claim.by_resource().items():
-            hold(self._resources[resource].server, held, True)
+            hold(self.resources[resource].server, held, True)
         self.prepared += 1
         self.log.info(
-            "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
+            "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in claim.devices]
         )
         return claim
+
+    async def _allocate_and_write(
+        self, kind: str, claim: PreparedClaim, read: ClaimAllocation, picked: Mapping[tuple[str, str], list[Picked]]
+    ) -> PreparedClaim:
+        """The allocate hooks' answers as the claim's devices, and its CDI spec written."""
+        named = (f"{claim.namespace}/{claim.name}", claim.uid)
+        devices, spec_devices = await self._allocate(kind, named[0], claim.uid, read, picked)
+        steps.reached(steps.PREPARE_ALLOCATED)
+        spec = cdi.Spec(kind=kind, devices=spec_devices) if spec_devices else None
+        if spec is not None:
+            try:
+                cdi.write_spec(spec, self.cdi_dir)
+            except (OSError, ValueError) as exc:
+                await self._release(devices, "its CDI spec could not be written", named)
+                raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
+        steps.reached(steps.PREPARE_SPEC_WRITTEN)
+        return replace(claim, devices=tuple(devices), spec=spec.to_dict() if spec else None)
 
     async def _allocate(
         self,
@@ -184,37 +163,154 @@ class Claims:
         devices: list[PreparedDevice] = []
         spec_devices: list[cdi.Device] = []
         for (resource, request), chosen in picked.items():
-            attached = self._resources[resource]
+            attached = self.resources[resource]
             ids = tuple(p.device_id for p in chosen)
             try:
-                asked = claim_request(self._driver, attached, allocation, request, chosen, (claim, uid))
+                asked = claim_request(self.driver, attached, allocation, request, chosen, (claim, uid))
                 given = await attached.server.backend.allocate(resource, ids, asked)
-            except (HookError, _ClaimRefused) as exc:
+            except (HookError, ClaimRefused) as exc:
                 await self._release(devices, "a later allocation of the claim failed", (claim, uid))
-                raise _ClaimRefused(str(exc)) from None
+                raise ClaimRefused(str(exc)) from None
             spec_device, cdi_ids = cdi_answer(kind, request, resource, given)
             spec_devices.extend([spec_device] if spec_device else [])
             devices.extend(prepared_devices(request, attached.pool, resource, chosen, cdi_ids))
         return devices, spec_devices
 
-    async def _release(
-        self, devices: Collection[PreparedDevice], why: str, claim: tuple[str, str], but: str = ""
+    async def _release(self, devices: Collection[PreparedDevice], why: str, claim: tuple[str, str]) -> None:
+        """Give back what a failed prepare of ``claim`` allocated (failures logged)."""
+        await release_free(self.checkpoint, self.resources, devices, why, claim, self.log)
+
+    async def undo(self, claim: PreparedClaim, why: str) -> None:
+        """Unprepare ``claim`` whatever its phase: recorded ``unpreparing`` first, then its
+        devices no other claim holds released, its spec removed, and it forgotten. Raises
+        :class:`ClaimRefused` (the claim stays ``unpreparing``) when a release fails."""
+        uid, named = claim.uid, (f"{claim.namespace}/{claim.name}", claim.uid)
+        if claim.phase is not Phase.UNPREPARING:
+            self.checkpoint.add(replace(claim, phase=Phase.UNPREPARING))
+            self.checkpoint.flush()
+        steps.reached(steps.UNPREPARE_RECORDED)
+        await release_free(self.checkpoint, self.resources, claim.devices, why, named, self.log, but=uid)
+        steps.reached(steps.UNPREPARE_RELEASED)
+        with contextlib.suppress(ValueError):
+            claim_specs.remove(self.driver, uid, self.cdi_dir)
+        steps.reached(steps.UNPREPARE_SPEC_REMOVED)
+        self.checkpoint.remove(uid)
+        for resource, ids in claim.by_resource().items():
+            free = [i for i in ids if not self.checkpoint.holds((resource, i))]
+            if resource in self.resources:
+                hold(self.resources[resource].server, free, False)
+
+
+
+class Claims(ClaimSteps):
+    """The claims of one driver: prepared through its backends, kept in its checkpoint.
+
+    Calls are served one at a time, in the order they took the lock; each carries the number of
+    its arrival, so a prepare that the kubelet asked for before an unprepare of the same claim
+    (a late retry racing the unprepare) is refused instead of preparing the claim again.
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        cluster: Cluster,
+        checkpoint: Checkpoint,
+        resources: Mapping[str, Attached],
+        device_plugin_holds: Callable[[str], frozenset[str]],
+        cdi_dir: Path | None = None,
     ) -> None:
-        await release_free(self.checkpoint, self._resources, devices, why, claim, but, self.log)
+        super().__init__(driver, checkpoint, resources, device_plugin_holds, cdi_dir)
+        self._cluster = cluster
+        self.lock = asyncio.Lock()
+        reads = asyncio.Semaphore(READS)
+        self._read = functools.partial(read_bounded, reads, cluster, driver)
+        self._arrivals = itertools.count()
+        self._preparing: set[int] = set()
+        self._unprepared_at: dict[str, int] = {}
+        """Claim UID -> arrival of its last unprepare, while a prepare that came earlier runs."""
+        self.restored: set[str] = set()
+        """Claims of the checkpoint replayed or restored since the start (:mod:`.restore`)."""
+        self.restored_resources: set[str] = set()
+        """Resources whose claims were restored (at their first attach)."""
+        self.not_restored: dict[str, str] = {}
+        """Claim UID -> why it could not be restored at the start (its devices were released)."""
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        """Each claim prepared (or as prepared before, its spec on disk), or the one-line reason
+        it is not.
+
+        The claims are read from the API server at once, outside the lock, so one slow read does
+        not hold the others; then they are prepared one at a time, and the checkpoint is written
+        before each claim's allocate hooks run and once more before the kubelet gets the answer.
+        """
+        arrival = next(self._arrivals)
+        self._preparing.add(arrival)
+        try:
+            new = [ref for ref in claims if not self._prepared(ref[1])]
+            reads = await asyncio.gather(*(self._read(*ref) for ref in new), return_exceptions=True)
+            allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
+            answers: dict[str, PreparedClaim | str] = {}
+            async with owned(self.lock, self.checkpoint, self.resources):
+                for namespace, uid, name in claims:
+                    try:
+                        answers[uid] = await self._prepare_one(namespace, uid, name, allocations.get(uid), arrival)
+                    except ClaimRefused as exc:
+                        self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
+                        answers[uid] = str(exc)
+                if self.checkpoint.flush():
+                    steps.reached(steps.PREPARE_CHECKPOINTED)
+        finally:
+            self._preparing.discard(arrival)
+            if not self._preparing:
+                self._unprepared_at.clear()
+        return answers
+
+    def _prepared(self, uid: str) -> bool:
+        found = self.checkpoint.claims.get(uid)
+        return found is not None and found.phase is Phase.PREPARED
+
+    async def _prepare_one(
+        self, namespace: str, uid: str, name: str, read: ClaimAllocation | BaseException | None, arrival: int
+    ) -> PreparedClaim:
+        found = self.checkpoint.claims.get(uid)
+        if found is not None and found.phase is Phase.PREPARED:
+            return self.as_on_disk(found)
+        if self._unprepared_at.get(uid, -1) > arrival:
+            raise ClaimRefused(
+                f"ResourceClaim {namespace}/{name} was unprepared after this prepare was asked for"
+            )
+        if found is not None:  # a call cut short (by another instance's crash): undone first
+            await self.undo(found, "a call cut short is undone before the claim is prepared")
+        if read is None:  # prepared when the reads began, unprepared since
+            read = await self._read(namespace, uid, name)
+        return await self._prepare(namespace, uid, name, read)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """For each claim, "" once unprepared (or never prepared), else the one-line reason."""
+        arrival = next(self._arrivals)
+        if self._preparing:
+            self._unprepared_at.update((uid, arrival) for _, uid, _ in claims)
+        errors: dict[str, str] = {}
+        async with owned(self.lock, self.checkpoint, self.resources):
+            for namespace, uid, name in claims:
+                try:
+                    await self._unprepare(uid)
+                    errors[uid] = ""
+                except ClaimRefused as exc:
+                    self.log.error(
+                        "claim not unprepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
+                    )
+                    errors[uid] = str(exc)
+            if self.checkpoint.flush():
+                steps.reached(steps.UNPREPARE_CHECKPOINTED)
+        return errors
 
     async def _unprepare(self, uid: str) -> None:
         claim = self.checkpoint.claims.get(uid)
         if claim is None:
             return  # never prepared here, or unprepared already: nothing to undo
-        await self._release(claim.devices, "unprepared", (f"{claim.namespace}/{claim.name}", uid), but=uid)
-        with contextlib.suppress(ValueError):
-            cdi.remove_spec(names.cdi_kind(self._driver, uid), self._cdi_dir)
-        self.checkpoint.remove(uid)
-        still = self.checkpoint.held()
-        for resource, ids in claim.by_resource().items():
-            hold(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
+        await self.undo(claim, "unprepared")
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
-
 
 def claim_request(
     driver: str,
@@ -239,13 +335,21 @@ def request_config(driver: str, attached: Attached, allocation: ClaimAllocation,
     try:
         return attached.server.backend.claim_config(config.parameters, "parameters")
     except HookError as exc:
-        raise _ClaimRefused(f"request {request!r}: {exc}") from None
+        raise ClaimRefused(f"request {request!r}: {exc}") from None
+
+
+def parameters(driver: str, allocation: ClaimAllocation, request: str) -> object:
+    """The request's opaque parameters for ``driver`` as the claim has them (None: none), kept in
+    the checkpoint to check again and hand to the restore hook after a restart."""
+    config = allocation.config(driver, request)
+    return None if config is None else config.parameters
 
 
 def prepared_devices(
     request: str, pool: str, resource: str, chosen: Sequence[Picked], cdi_ids: tuple[str, ...]
 ) -> list[PreparedDevice]:
     """The request's devices as the checkpoint keeps them; the first carries the CDI IDs."""
+    cdi_ids = tuple(dict.fromkeys(cdi_ids))  # each ID once, however the backend repeated it
     return [
         PreparedDevice(
             request,
@@ -281,36 +385,38 @@ async def release_free(
     devices: Collection[PreparedDevice],
     why: str,
     claim: tuple[str, str],
-    but: str,
     log: structlog.typing.FilteringBoundLogger,
+    *,
+    but: str = "",
 ) -> None:
-    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds, and
-    for every share among them (a share is the claim's own; ``claim`` is its name and UID).
+    """Call the release hook for ``devices`` of ``claim`` (its name and UID) that no other claim
+    in the checkpoint holds, and for every share among them (a share is the claim's own).
 
     Used when a failed prepare gives back what it allocated (failures are logged: the claim
     fails anyway) and when the claim ``but`` is unprepared (failures raised: the kubelet asks again).
     """
-    calls = release_calls(devices, checkpoint.held(but=but), claim)
+    uid = claim[1]
+    calls = release_calls(devices, lambda key: checkpoint.holds(key, but=uid), claim)
     for resource, ids, shares in calls:
         attached = resources.get(resource)
         if attached is None:
-            raise _ClaimRefused(f"{resource} is not served right now; asked again later")
+            raise ClaimRefused(f"{resource} is not served right now; asked again later")
         try:
             await attached.server.backend.release(resource, ids, shares)
         except HookError as exc:
             if but:
-                raise _ClaimRefused(str(exc)) from None
+                raise ClaimRefused(str(exc)) from None
             log.error("release after a failed prepare failed", resource=resource, error=str(exc))
     if calls and not but:
         log.warning("allocated devices released again", why=why, devices={r: ids for r, ids, _ in calls})
 
 
 def release_calls(
-    devices: Collection[PreparedDevice], held: Collection[tuple[str, str]], claim: tuple[str, str]
+    devices: Collection[PreparedDevice], held: Callable[[tuple[str, str]], bool], claim: tuple[str, str]
 ) -> list[tuple[str, tuple[str, ...], ClaimRequest | None]]:
     """The release hook's calls for ``devices``: one per resource for the whole devices no other
-    claim ``held``, then one per resource and request for the shares, with their claim request."""
-    whole = by_resource(d for d in devices if not d.share and (d.resource, d.device_id) not in held)
+    claim holds (``held``), then one per resource and request for the shares, with their claim request."""
+    whole = by_resource(d for d in devices if not d.share and not held((d.resource, d.device_id)))
     calls: list[tuple[str, tuple[str, ...], ClaimRequest | None]] = [
         (resource, ids, None) for resource, ids in whole.items()
     ]
@@ -330,18 +436,15 @@ async def owned(
     lock: asyncio.Lock, checkpoint: Checkpoint, resources: Mapping[str, Attached]
 ) -> AsyncIterator[None]:
     """One kubelet call's hold of the checkpoint (``lock``: one call of this host at a time): as
-    the file has it, written once at the end (:meth:`Checkpoint.owned`). Another instance of the
+    the file has it, written at the end (:meth:`Checkpoint.owned`). Another instance of the
     driver (a rolling update) may have prepared or unprepared claims meanwhile: the device plugin
     side's holds follow."""
-    async with lock:
-        before = checkpoint.held()
-        async with checkpoint.owned():
-            after = checkpoint.held()
-            for holding, changed in ((True, after - before), (False, before - after)):
-                for resource, ids in by_resource_ids(changed).items():
-                    if resource in resources:
-                        hold(resources[resource].server, ids, holding)
-            yield
+    async with lock, checkpoint.owned():
+        for holding, changed in zip((True, False), checkpoint.moved, strict=True):
+            for resource, ids in by_resource_ids(changed).items():
+                if resource in resources:
+                    hold(resources[resource].server, ids, holding)
+        yield
 
 
 def by_resource_ids(held: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -370,7 +473,7 @@ async def read_bounded(
             async with asyncio.timeout(READ_TIMEOUT):
                 return await read_claim(cluster, driver, namespace, uid, name)
         except TimeoutError:
-            raise _ClaimRefused(
+            raise ClaimRefused(
                 f"reading ResourceClaim {namespace}/{name}: no answer within {READ_TIMEOUT:g} s"
             ) from None
 
@@ -380,12 +483,12 @@ async def read_claim(cluster: Cluster, driver: str, namespace: str, uid: str, na
     try:
         allocation = await cluster.claim(namespace, name)
     except ClusterError as exc:
-        raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
+        raise ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
     if allocation.uid != uid:
-        raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has UID {allocation.uid}, not {uid}")
+        raise ClaimRefused(f"ResourceClaim {namespace}/{name} has UID {allocation.uid}, not {uid}")
     mine = tuple(d for d in allocation.devices if d.driver == driver)
     if not mine:
-        raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {driver}")
+        raise ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {driver}")
     return replace(allocation, devices=mine)
 
 
@@ -403,26 +506,26 @@ def pick(
     for device in allocated:
         attached = by_pool.get(device.pool)
         if attached is None:
-            raise _ClaimRefused(f"pool {device.pool!r} is not served by this host")
+            raise ClaimRefused(f"pool {device.pool!r} is not served by this host")
         if device.pool not in named:
             named[device.pool] = {names.device_name(d.id): d for d in attached.server.table.devices}
         found = named[device.pool].get(device.device)
         if found is None:
-            raise _ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
+            raise ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
         if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
-            raise _ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
+            raise ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
         resource = attached.server.name
         if found.id in device_plugin_holds(resource):
-            raise _ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
+            raise ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
         share = Share(device.share_id, device.consumed) if device.share_id else None
         same = picked.setdefault((resource, device.request), [])
         if any(p.device == device.device for p in same):
-            raise _ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
+            raise ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
         same.append(Picked(device.device, found.id, device.admin_access, share))
     return picked
 
 
-class _ClaimRefused(Exception):
+class ClaimRefused(Exception):
     """A claim cannot be prepared or unprepared; the message is the claim's error."""
 
 

@@ -33,6 +33,7 @@ from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Attached, Claims, hold
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
+from devicehost.host.dra.restore import open_claims, restore_resource
 from devicehost.host.dra.servicer import (
     HEALTH_SERVICE,
     SERVICE,
@@ -126,8 +127,9 @@ class DraDriver:
         self.binding = BindingWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
         self._tainting: asyncio.Future[bool] | None = None
 
-    async def start(self) -> None:
-        """Read the checkpoint, serve DRAPlugin, then the registration socket; start publishing.
+    async def start(self, first: ResourceServer) -> None:
+        """Restore the claims (:mod:`.restore`) with ``first`` attached, serve DRAPlugin, then the
+        registration socket; start publishing. The kubelet learns of the driver only then.
 
         Raises OSError (what was served so far stopped again) when a socket cannot be served.
         """
@@ -136,14 +138,12 @@ class DraDriver:
                 f"plugins_registry dir {self._setup.registry_dir} does not exist (made by the kubelet)"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
-        problem = self.claims.checkpoint.load()
-        if problem:
-            self.log.error("prepared claims checkpoint unreadable, starting without it", problem=problem)
-        elif self.claims.checkpoint.claims:
-            self.log.info("prepared claims restored", claims=len(self.claims.checkpoint.claims))
+        open_claims(self.claims)
+        await self.attach(first)
         try:
             await self._serve()
         except BaseException:
+            self.detach(first.name)
             await self._stop_servers()
             raise
         self._publishing = asyncio.create_task(self.publisher.run(), name=f"publish {self.name}")
@@ -188,14 +188,15 @@ class DraDriver:
         self._servers.clear()
         self._dra_socket.remove()
 
-    def attach(self, server: ResourceServer) -> None:
-        """Publish ``server``'s devices and prepare claims for them."""
+    async def attach(self, server: ResourceServer) -> None:
+        """Publish ``server``'s devices and prepare claims for them, its claims restored first."""
         pool = names.pool_name(self._setup.node, server.name)
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
         held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
         hold(server, held, True)  # prepared before a restart too
+        await restore_resource(self.claims, server.name)
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Prepare the claims, then write the status of those prepared (the device status hook)."""

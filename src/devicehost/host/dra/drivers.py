@@ -73,12 +73,13 @@ class DraDrivers:
 
                 driver = DraDriver(name, self._setup())
                 try:
-                    await driver.start()
+                    await driver.start(server)  # attached first: its claims restored before registration
                 except Exception as exc:
                     server.log.error("not served through DRA", driver=name, error=str(exc))
                     return
                 self.drivers[name] = driver
-        driver.attach(server)
+            else:
+                await driver.attach(server)
         self._by_resource[server.name] = (driver, api)
 
     def detach(self, resource: str) -> None:
