@@ -10,7 +10,13 @@ import pytest
 from hostfakes import captured_logs
 
 from devicehost.host.dra import checkpoint as checkpoint_module
-from devicehost.host.dra.checkpoint import CHECKPOINT_VERSION, Checkpoint, Phase, PreparedClaim, PreparedDevice
+from devicehost.host.dra.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    Phase,
+    PreparedClaim,
+    PreparedDevice,
+)
 
 
 def device(
@@ -201,7 +207,9 @@ async def test_an_unreadable_file_under_the_lock_is_set_aside_and_written_again_
 def test_each_claim_keeps_its_phase_spec_and_configuration(tmp_path: Path) -> None:
     path = tmp_path / "claims.json"
     spec = {"cdiVersion": "0.6.0", "kind": "example.com/claim-u1", "devices": []}
-    preparing = PreparedClaim("u1", "default", "c1", (device("w0"),), Phase.PREPARING, None, {"gpu": {"a": 1}})
+    preparing = PreparedClaim(
+        "u1", "default", "c1", (device("w0"),), Phase.PREPARING, None, {"gpu": {"a": 1}}
+    )
     prepared = PreparedClaim("u2", "default", "c2", (device("w1"),), Phase.PREPARED, spec, {"gpu": None})
     first = Checkpoint(path)
     first.add(preparing)
@@ -244,7 +252,9 @@ def test_who_holds_a_device_follows_adds_and_removes(tmp_path: Path) -> None:
     found.add(claim("a", device("w0")))
     found.add(claim("b", device("w0", admin=True), device("w1")))
     key = ("example.com/widget", "w0")
-    assert found.holds(key) and found.holds(key, but="a") and found.holds(key, but="b")
+    assert found.holds(key)
+    assert found.holds(key, but="a")
+    assert found.holds(key, but="b")
     found.add(claim("b", device("w1")))  # replaced: w0 no longer among its devices
     assert not found.holds(key, but="a")
     found.remove("a")

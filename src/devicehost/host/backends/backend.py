@@ -319,11 +319,6 @@ class Backend:
     ) -> None:
         await self._call("devicehost_release", resource=resource, device_ids=device_ids, claim=claim)
 
-    async def restore(self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest) -> None:
-        """Tell the backend of a claim prepared before the host started (DRA; optional hook)."""
-        if self.implements("devicehost_restore"):
-            await self._call("devicehost_restore", resource=resource, device_ids=device_ids, claim=claim)
-
     def close(self) -> None:
         """Let the backend's threads go; hung ones finish in the background."""
         self._threads.close()
@@ -341,6 +336,12 @@ def binding_hook_problem(backend: Backend, resources: Sequence[Resource]) -> str
     if not bound:
         return None
     return f"device {bound[0]!r} has binding_conditions, but devicehost_device_status is not implemented"
+
+
+async def restore(backend: Backend, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest) -> None:
+    """Tell the backend of a claim prepared before the host started (its optional restore hook)."""
+    if backend.implements("devicehost_restore"):
+        await backend._call("devicehost_restore", resource=resource, device_ids=device_ids, claim=claim)
 
 
 async def device_status(

@@ -3,7 +3,8 @@
 The kubelet asks to prepare a claim once and to unprepare it once, possibly across host
 restarts, node reboots and kills in the middle of a call. So each claim is kept with its
 :class:`Phase`: recorded ``preparing`` before the backend's allocate hook runs, ``prepared`` once
-its CDI spec is on disk, ``unpreparing`` before the release hook runs; a start that finds a claim
+its CDI spec is on disk, ``unpreparing`` before the release hook runs and ``released`` after it;
+a start that finds a claim
 ``preparing`` or ``unpreparing`` knows a call was cut short and replays from there (see
 :mod:`.claims`). A prepared claim keeps its CDI spec (``spec``) and its requests' opaque
 configuration (``configs``), so the spec can be written again after a reboot (``/var/run/cdi`` is
@@ -58,6 +59,8 @@ class Phase(StrEnum):
     PREPARING = "preparing"
     PREPARED = "prepared"
     UNPREPARING = "unpreparing"
+    RELEASED = "released"
+    """Being unprepared, its release hooks done: what is left is its spec and its entry."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,33 @@ def claim_json(claim: PreparedClaim) -> str:
     return json.dumps(entry, sort_keys=True, separators=(",", ":"))
 
 
+class Holders:
+    """Which claims hold each device, kept as claims come and go (never counted again per call)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Key, set[str]] = {}
+
+    def follow(self, uid: str, claim: PreparedClaim, holding: bool) -> None:
+        """``claim`` (of UID ``uid``) came (``holding``) or went; a released one holds nothing."""
+        if claim.phase is Phase.RELEASED:
+            return
+        for key in claim.held():
+            if holding:
+                self._by_key.setdefault(key, set()).add(uid)
+            elif key in self._by_key:
+                self._by_key[key].discard(uid)
+                if not self._by_key[key]:
+                    del self._by_key[key]
+
+    def held(self, but: str = "") -> set[Key]:
+        """(resource, device ID) of every device a claim holds, the claim ``but`` left out."""
+        return {key for key, uids in self._by_key.items() if uids - {but}}
+
+    def holds(self, key: Key, but: str = "") -> bool:
+        """Whether a claim other than ``but`` holds the device ``key``."""
+        return bool(self._by_key.get(key, set()) - {but})
+
+
 class Checkpoint:
     """The claims of one driver, by UID, mirrored to ``path``; who holds each device, kept as
     claims come and go (not counted again per call)."""
@@ -142,7 +172,7 @@ class Checkpoint:
         """Held by the instance of the driver that serves a kubelet call right now."""
         self._claims: dict[str, PreparedClaim] = {}
         self._texts: dict[str, str] = {}
-        self._holders: dict[Key, set[str]] = {}
+        self._holders = Holders()
         self._batching = False
         self._dirty = False
         self._unreadable: str | None = None
@@ -161,9 +191,9 @@ class Checkpoint:
     def claims(self, claims: Mapping[str, PreparedClaim]) -> None:
         self._claims = dict(claims)
         self._texts = {}
-        self._holders = {}
+        self._holders = Holders()
         for uid, claim in self._claims.items():
-            self._index(uid, claim, True)
+            self._holders.follow(uid, claim, True)
 
     def load(self) -> str | None:
         """Read the file (none yet: no claims); when it cannot be read, set it aside and say so
@@ -183,17 +213,11 @@ class Checkpoint:
         return None
 
     def _set_aside(self) -> str:
-        """Rename the unreadable file out of the way (a directory is left: it needs a person)."""
-        if not self.path.is_file():
-            return ""
-        aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
-        try:
-            os.replace(self.path, aside)
-        except OSError as exc:
-            return f"; not set aside: {exc}"
-        self.set_aside.append(str(aside))
-        self._seen = None
-        return f"; set aside as {aside.name}"
+        aside, said = set_aside(self.path)
+        if aside is not None:
+            self.set_aside.append(str(aside))
+            self._seen = None
+        return said
 
     def changed_on_disk(self) -> bool:
         """Whether the file is not the one this instance last read or wrote (another wrote it)."""
@@ -204,21 +228,21 @@ class Checkpoint:
 
     def held(self, but: str = "") -> set[Key]:
         """(resource, device ID) of every device a claim holds, the claim ``but`` left out."""
-        return {key for key, uids in self._holders.items() if uids - {but}}
+        return self._holders.held(but)
 
     def holds(self, key: Key, but: str = "") -> bool:
         """Whether a claim other than ``but`` holds the device ``key``."""
-        return bool(self._holders.get(key, set()) - {but})
+        return self._holders.holds(key, but)
 
     def add(self, claim: PreparedClaim) -> None:
         """Record ``claim`` (replacing its entry); the file is written now, or once at the end
         of a :meth:`batch` (or at :meth:`flush`)."""
         old = self._claims.get(claim.uid)
         if old is not None:
-            self._index(claim.uid, old, False)
+            self._holders.follow(claim.uid, old, False)
         self._claims[claim.uid] = claim
         self._texts[claim.uid] = claim_json(claim)
-        self._index(claim.uid, claim, True)
+        self._holders.follow(claim.uid, claim, True)
         self._changed()
 
     def remove(self, uid: str) -> None:
@@ -226,17 +250,8 @@ class Checkpoint:
         old = self._claims.pop(uid, None)
         if old is not None:
             self._texts.pop(uid, None)
-            self._index(uid, old, False)
+            self._holders.follow(uid, old, False)
             self._changed()
-
-    def _index(self, uid: str, claim: PreparedClaim, holding: bool) -> None:
-        for key in claim.held():
-            if holding:
-                self._holders.setdefault(key, set()).add(uid)
-            elif key in self._holders:
-                self._holders[key].discard(uid)
-                if not self._holders[key]:
-                    del self._holders[key]
 
     @contextlib.asynccontextmanager
     async def owned(self) -> AsyncIterator[None]:
@@ -253,7 +268,9 @@ class Checkpoint:
                 after = self.held()
                 self.moved = (after - before, before - after)
                 if problem and problem != self._unreadable:
-                    log.error("prepared claims checkpoint unreadable, kept as this host had it", problem=problem)
+                    log.error(
+                        "prepared claims checkpoint unreadable, kept as this host had it", problem=problem
+                    )
                 self._unreadable = problem
                 if problem:
                     self._dirty = True  # written again from what this host has
@@ -290,22 +307,40 @@ class Checkpoint:
             if uid not in self._texts:
                 self._texts[uid] = claim_json(claim)
         entries = ",".join(f"{json.dumps(uid)}:{self._texts[uid]}" for uid in sorted(self._claims))
-        text = f'{{"version":{CHECKPOINT_VERSION},"claims":{{{entries}}}}}\n'
+        self._dirty = True  # until written
+        self._seen = write_file(self.path, f'{{"version":{CHECKPOINT_VERSION},"claims":{{{entries}}}}}\n')
         self._dirty = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
-                file.write(text)
-                file.flush()
-                os.fsync(file.fileno())
-                stat = os.fstat(file.fileno())
-            os.replace(temp, self.path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            self._dirty = True
-            raise
-        self._seen = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def write_file(path: Path, text: str) -> tuple[int, int, int]:
+    """Write ``text`` to a synced temporary file beside ``path`` and rename it over ``path``;
+    the written file's :func:`_signature`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+            stat = os.fstat(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return _signature(stat)
+
+
+def set_aside(path: Path) -> tuple[Path | None, str]:
+    """Rename an unreadable file out of the way (a directory is left: it needs a person); where
+    it went, and the end of the line that says so."""
+    if not path.is_file():
+        return None, ""
+    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        return None, f"; not set aside: {exc}"
+    return aside, f"; set aside as {aside.name}"
 
 
 def _signature(stat: os.stat_result) -> tuple[int, int, int]:

@@ -115,12 +115,18 @@ class ClaimSteps:
         kind = names.cdi_kind(self.driver, uid)
         picked = pick(read.devices, self.resources, self._device_plugin_holds, self.tainted)
         configs = {request: parameters(self.driver, read, request) for _, request in picked}
-        planned = [d for (r, q), c in picked.items() for d in prepared_devices(q, self.resources[r].pool, r, c, ())]
-        self.checkpoint.add(PreparedClaim(uid, namespace, name, tuple(planned), Phase.PREPARING, None, configs))
+        planned = [
+            d for (r, q), c in picked.items() for d in prepared_devices(q, self.resources[r].pool, r, c, ())
+        ]
+        self.checkpoint.add(
+            PreparedClaim(uid, namespace, name, tuple(planned), Phase.PREPARING, None, configs)
+        )
         self.checkpoint.flush()
         steps.reached(steps.PREPARE_RECORDED)
         try:
-            claim = await self._allocate_and_write(kind, PreparedClaim(uid, namespace, name, (), configs=configs), read, picked)
+            claim = await self._allocate_and_write(
+                kind, PreparedClaim(uid, namespace, name, (), configs=configs), read, picked
+            )
         except ClaimRefused:
             self.checkpoint.remove(uid)
             raise
@@ -129,12 +135,19 @@ class ClaimSteps:
             hold(self.resources[resource].server, held, True)
         self.prepared += 1
         self.log.info(
-            "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in claim.devices]
+            "claim prepared",
+            claim=f"{namespace}/{name}",
+            uid=uid,
+            devices=[d.device_id for d in claim.devices],
         )
         return claim
 
     async def _allocate_and_write(
-        self, kind: str, claim: PreparedClaim, read: ClaimAllocation, picked: Mapping[tuple[str, str], list[Picked]]
+        self,
+        kind: str,
+        claim: PreparedClaim,
+        read: ClaimAllocation,
+        picked: Mapping[tuple[str, str], list[Picked]],
     ) -> PreparedClaim:
         """The allocate hooks' answers as the claim's devices, and its CDI spec written."""
         named = (f"{claim.namespace}/{claim.name}", claim.uid)
@@ -182,15 +195,19 @@ class ClaimSteps:
 
     async def undo(self, claim: PreparedClaim, why: str) -> None:
         """Unprepare ``claim`` whatever its phase: recorded ``unpreparing`` first, then its
-        devices no other claim holds released, its spec removed, and it forgotten. Raises
+        devices no other claim holds released (recorded ``released``: never twice), its spec
+        removed, and it forgotten. Raises
         :class:`ClaimRefused` (the claim stays ``unpreparing``) when a release fails."""
         uid, named = claim.uid, (f"{claim.namespace}/{claim.name}", claim.uid)
-        if claim.phase is not Phase.UNPREPARING:
-            self.checkpoint.add(replace(claim, phase=Phase.UNPREPARING))
+        if claim.phase is not Phase.RELEASED:
+            if claim.phase is not Phase.UNPREPARING:
+                self.checkpoint.add(replace(claim, phase=Phase.UNPREPARING))
+                self.checkpoint.flush()
+            steps.reached(steps.UNPREPARE_RECORDED)
+            await release_free(self.checkpoint, self.resources, claim.devices, why, named, self.log, but=uid)
+            self.checkpoint.add(replace(claim, phase=Phase.RELEASED))
             self.checkpoint.flush()
-        steps.reached(steps.UNPREPARE_RECORDED)
-        await release_free(self.checkpoint, self.resources, claim.devices, why, named, self.log, but=uid)
-        steps.reached(steps.UNPREPARE_RELEASED)
+            steps.reached(steps.UNPREPARE_RELEASED)
         with contextlib.suppress(ValueError):
             claim_specs.remove(self.driver, uid, self.cdi_dir)
         steps.reached(steps.UNPREPARE_SPEC_REMOVED)
@@ -199,7 +216,6 @@ class ClaimSteps:
             free = [i for i in ids if not self.checkpoint.holds((resource, i))]
             if resource in self.resources:
                 hold(self.resources[resource].server, free, False)
-
 
 
 class Claims(ClaimSteps):
@@ -253,9 +269,13 @@ class Claims(ClaimSteps):
             async with owned(self.lock, self.checkpoint, self.resources):
                 for namespace, uid, name in claims:
                     try:
-                        answers[uid] = await self._prepare_one(namespace, uid, name, allocations.get(uid), arrival)
+                        answers[uid] = await self._prepare_one(
+                            namespace, uid, name, allocations.get(uid), arrival
+                        )
                     except ClaimRefused as exc:
-                        self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
+                        self.log.error(
+                            "claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
+                        )
                         answers[uid] = str(exc)
                 if self.checkpoint.flush():
                     steps.reached(steps.PREPARE_CHECKPOINTED)
@@ -311,6 +331,7 @@ class Claims(ClaimSteps):
             return  # never prepared here, or unprepared already: nothing to undo
         await self.undo(claim, "unprepared")
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
+
 
 def claim_request(
     driver: str,

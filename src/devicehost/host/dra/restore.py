@@ -11,7 +11,7 @@ again. So, before the driver registers:
 2. :func:`restore_resource`, as each resource of the driver is attached (the first before the
    registration socket is served), replays what a kill cut short and tells the backend: a claim
    still ``preparing`` is undone (released, its spec removed: the kubelet's retry prepares it
-   afresh), a claim ``unpreparing`` is unprepared to the end, and for a ``prepared`` one the
+   afresh), a claim ``unpreparing`` or ``released`` is unprepared to the end, and for a ``prepared`` one the
    backend's ``devicehost_restore`` hook is called; a refusal unprepares that claim alone.
 """
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from devicehost.hookspecs.types import ClaimRequest, Share
-from devicehost.host.backends.backend import HookError
+from devicehost.host.backends.backend import HookError, restore
 from devicehost.host.dra import claim_specs
 from devicehost.host.dra.checkpoint import Phase, PreparedClaim, PreparedDevice
-from devicehost.host.dra.claims import Claims, ClaimSteps, ClaimRefused, owned
+from devicehost.host.dra.claims import ClaimRefused, Claims, ClaimSteps, owned
 
 
 def open_claims(claims: Claims) -> None:
@@ -31,7 +31,9 @@ def open_claims(claims: Claims) -> None:
     checkpoint = claims.checkpoint
     problem = checkpoint.load()
     if problem:
-        claims.log.error("prepared claims checkpoint unreadable, set aside: starting without it", problem=problem)
+        claims.log.error(
+            "prepared claims checkpoint unreadable, set aside: starting without it", problem=problem
+        )
     written, failed = 0, 0
     for claim in checkpoint.claims.values():
         if claim.phase is not Phase.PREPARED:
@@ -73,7 +75,7 @@ async def _restore(claims: Claims, claim: PreparedClaim) -> None:
         if claim.phase is Phase.PREPARING:
             await claims.undo(claim, "its prepare was cut short")
             claims.log.warning("claim whose prepare was cut short undone", **named)
-        elif claim.phase is Phase.UNPREPARING:
+        elif claim.phase in (Phase.UNPREPARING, Phase.RELEASED):
             await claims.undo(claim, "its unprepare was cut short")
             claims.log.warning("claim whose unprepare was cut short unprepared", **named)
         else:
@@ -89,7 +91,7 @@ async def tell_backend(claims: ClaimSteps, claim: PreparedClaim) -> None:
         backend = claims.resources[resource].server.backend
         try:
             asked = restored_request(claims, claim, request, devices)
-            await backend.restore(resource, tuple(d.device_id for d in devices), asked)
+            await restore(backend, resource, tuple(d.device_id for d in devices), asked)
         except HookError as exc:
             reason = f"{resource}: {exc}"
             await claims.undo(claim, "the backend refused to restore it")
