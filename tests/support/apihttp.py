@@ -32,8 +32,19 @@ def status(error: ClusterError) -> web.Response:
     code = (
         404 if isinstance(error, NotFound) else 409 if isinstance(error, Conflict) or "409" in text else 500
     )
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": text, "code": code}
-    return web.json_response(body, status=code)
+    reason = {404: "NotFound", 409: "Conflict"}.get(code, "InternalError")
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": text,
+        "reason": reason,
+        "code": code,
+    }
+    # exactly application/json (no charset): only then does lightkube read it as the API's error
+    return web.Response(
+        body=json.dumps(body).encode(), status=code, headers={"Content-Type": "application/json"}
+    )
 
 
 def fields(request: web.Request) -> dict[str, str]:
