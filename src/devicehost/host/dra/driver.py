@@ -28,9 +28,10 @@ import structlog
 
 from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
+from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
-from devicehost.host.dra.claims import Attached, Claims, hold
+from devicehost.host.dra.claims import Claims, hold
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import (
@@ -198,9 +199,11 @@ class DraDriver:
         hold(server, held, True)  # prepared before a restart too
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Prepare the claims, then write the status of those prepared (the device status hook)."""
-        answers = await self.claims.prepare(claims)
-        await self.binding.after_prepare(answers, claims)
+        """Prepare the claims, then write the status of those prepared (the device status hook),
+        each claim read from the API server once for both."""
+        reads = await self.claims.read(claims)
+        answers = await self.claims.prepare(claims, reads)
+        await self.binding.after_prepare(answers, reads)
         return answers
 
     def detach(self, resource: str) -> None:
