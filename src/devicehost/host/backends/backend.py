@@ -9,12 +9,12 @@ other backends keep their threads.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 import structlog
@@ -28,12 +28,16 @@ from devicehost.hookspecs.types import (
     Device,
     DeviceStatus,
     Health,
+    HostFacts,
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
 )
 from devicehost.host.backends.threads import Closed, Expired, HookThreads, NoThread
 from devicehost.host.config import describe_errors, model_keys, unknown_key
+
+if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
 
 log = structlog.get_logger(__name__)
 
@@ -175,13 +179,14 @@ def validated(
 class Backend:
     """A backend ready to call: ``await backend.allocate(...)`` and friends."""
 
-    def __init__(self, name: str, plugin: object, hook_timeout: float, cdi_dir: Path | None = None) -> None:
+    def __init__(self, name: str, plugin: object, hook_timeout: float) -> None:
         impls = _checked_implementations(plugin)
         self.name = name
-        self.hook_timeout = hook_timeout
-        self.cdi_dir = cdi_dir
-        """The host's ``cdi_dir``: ``devicehost.cdi``'s default dir inside this backend's hook
-        calls (each runs in a context of its own); None: whatever the process set."""
+        self._hook_timeout = hook_timeout
+        self._context: HostContext | None = None
+        self._told: HostFacts | None = None
+        """The facts the backend was last told (``devicehost_host_facts``)."""
+        self._telling: tuple[HostFacts, asyncio.Future[None]] | None = None
         self.distribution: str | None = None
         """The distribution that installed the backend, and its version (set by the loader)."""
         self.version: str | None = None
@@ -221,6 +226,21 @@ class Backend:
             raise ClaimConfigRefused(self.name, problems)
         return value
 
+    def bind(self, context: HostContext) -> None:
+        """Serve ``context``'s host: from now on each hook call reads the hook timeout and the host
+        facts there, when it is made (a reload reaches the next call)."""
+        self._context = context
+
+    @property
+    def hook_timeout(self) -> float:
+        """Seconds a hook may run: the host's live ``hook_timeout`` once bound."""
+        return self._hook_timeout if self._context is None else self._context.config.hook_timeout
+
+    @property
+    def facts(self) -> HostFacts | None:
+        """What the backend is told of its host (None: no host, as in a backend's own tests)."""
+        return None if self._context is None else self._context.facts()
+
     @property
     def busy(self) -> bool:
         """Whether hook calls are still running (hung ones included)."""
@@ -235,10 +255,35 @@ class Backend:
         return hook in self._implemented
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
+        """Run one hook, the backend told the host facts first when they changed since it was last
+        told; inside the call ``devicehost.cdi``'s default dir is the host's ``cdi_dir`` (for
+        backends that write specs without naming a dir)."""
+        facts = self.facts
+        if facts is None:
+            return await self._run(hook, getattr(self._pm.hook, hook), kwargs)
+        await self._tell(facts)
+        return await self._run(
+            hook, functools.partial(cdi.call_in_dir, facts.cdi_dir, getattr(self._pm.hook, hook)), kwargs
+        )
+
+    async def _tell(self, facts: HostFacts) -> None:
+        """``devicehost_host_facts(facts)`` unless the backend knows them (or has no such hook);
+        hook calls made meanwhile wait for that one telling instead of telling again."""
+        if not self.implements("devicehost_host_facts"):
+            return
+        while facts is not self._told and facts != self._told:
+            pending = self._telling
+            if pending is None or pending[1].done():
+                pending = self._telling = (facts, asyncio.ensure_future(self._tell_now(facts)))
+            await asyncio.shield(pending[1])  # a hook call cancelled leaves the telling to the others
+
+    async def _tell_now(self, facts: HostFacts) -> None:
+        caller = functools.partial(cdi.call_in_dir, facts.cdi_dir, self._pm.hook.devicehost_host_facts)
+        await self._run("devicehost_host_facts", caller, {"facts": facts})
+        self._told = facts
+
+    async def _run(self, hook: str, caller: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """Run one hook in the backend's threads, bounded by the hook timeout (waiting for a thread included)."""
-        caller = getattr(self._pm.hook, hook)
-        if self.cdi_dir is not None:
-            caller = functools.partial(cdi._call_in_dir, self.cdi_dir, caller)
         try:
             return await self._threads.call(hook, caller, kwargs, self.hook_timeout)
         except NoThread as exc:

@@ -33,6 +33,7 @@ from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluste
 from devicehost.host.dra.servicer import ClaimRef
 
 if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
     from devicehost.host.serving.resource import ResourceServer
 
 log = structlog.get_logger(__name__)
@@ -55,11 +56,14 @@ class Claims:
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
         device_plugin_holds: Callable[[str], frozenset[str]],
-        cdi_dir: Path | None = None,
+        context: HostContext | None = None,
     ) -> None:
         self._driver = driver
-        self._cdi_dir = cdi_dir
-        """Where the claims' CDI specs go: the host's ``cdi_dir`` (None: ``devicehost.cdi``'s default)."""
+        self._context = context
+        """Whose ``cdi_dir`` the claims' CDI specs go to, read at each write and removal (a reload
+        reaches the next one); None: ``devicehost.cdi``'s default dir."""
+        self._spec_dir = self.cdi_dir
+        """Where the prepared claims' specs are: the ``cdi_dir`` they were last written or moved to."""
         self._cluster = cluster
         self.checkpoint = checkpoint
         self._resources = resources
@@ -72,6 +76,29 @@ class Claims:
         """Unhealthy devices are published with a taint: the scheduler gave one only to a claim
         that tolerates it, so prepare takes it (else it was withdrawn, and is refused)."""
         self.log = log.bind(driver=driver)
+
+    @property
+    def cdi_dir(self) -> Path | None:
+        """Where the claims' CDI specs go now: the host's live ``cdi_dir``."""
+        return None if self._context is None else self._context.config.cdi_dir
+
+    async def follow_cdi_dir(self) -> None:
+        """Move the prepared claims' CDI specs to the host's ``cdi_dir`` if a reload changed it: a
+        container started again finds its claim's devices where the runtime reads now."""
+        async with owned(self._lock, self.checkpoint, self._resources):
+            self._move_specs()
+
+    def _move_specs(self) -> None:
+        source, target = self._spec_dir, self.cdi_dir
+        if source is None or target is None or source == target:
+            return
+        for uid in self.checkpoint.claims:
+            try:
+                cdi.move_spec(names.cdi_kind(self._driver, uid), source, target)
+            except (OSError, ValueError) as exc:
+                self.log.error("claim's CDI spec not moved to the new cdi_dir", uid=uid, error=str(exc))
+        self._spec_dir = target
+        self.log.info("prepared claims' CDI specs moved", source=str(source), target=str(target))
 
     async def read(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAllocation | BaseException]:
         """Those of ``claims`` not prepared yet, read from the API server at once (outside the
@@ -92,6 +119,7 @@ class Claims:
         allocations = await self.read(claims) if reads is None else reads
         answers: dict[str, PreparedClaim | str] = {}
         async with owned(self._lock, self.checkpoint, self._resources):
+            self._move_specs()
             await self._prepare_all(claims, allocations, answers)
         return answers
 
@@ -120,6 +148,7 @@ class Claims:
         """For each claim, "" once unprepared (or never prepared), else the one-line reason."""
         errors: dict[str, str] = {}
         async with owned(self._lock, self.checkpoint, self._resources):
+            self._move_specs()
             for namespace, uid, name in claims:
                 try:
                     await self._unprepare(uid)
@@ -138,7 +167,7 @@ class Claims:
         devices, spec_devices = await self._allocate(kind, read, picked)
         if spec_devices:
             try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir)
+                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self.cdi_dir)
             except (OSError, ValueError) as exc:
                 await self._release(
                     devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
@@ -187,7 +216,7 @@ class Claims:
             return  # never prepared here, or unprepared already: nothing to undo
         await self._release(claim.devices, "unprepared", (f"{claim.namespace}/{claim.name}", uid), but=uid)
         with contextlib.suppress(ValueError):
-            cdi.remove_spec(names.cdi_kind(self._driver, uid), self._cdi_dir)
+            cdi.remove_spec(names.cdi_kind(self._driver, uid), self.cdi_dir)
         self.checkpoint.remove(uid)
         still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():
