@@ -297,7 +297,7 @@ async def test_every_in_place_setting_reaches_the_part_that_uses_it(
         await eventually(lambda: reporter.polls >= polls + 10, "health polls every 0.05 s", within=4)
         # hook_timeout: each hook call's bound; register_timeout: the Register client's
         (backend,) = host.backends
-        assert backend.hook_timeout == 3.5
+        assert backend.link.hook_timeout == 3.5
         registration = host.serving.registration
         assert isinstance(registration, KubeletRegistration)
         assert isinstance(registration.client, KubeletClient)

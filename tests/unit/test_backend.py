@@ -141,7 +141,7 @@ async def test_a_bound_backend_is_told_the_host_facts_before_its_hooks_and_again
         await backend.discover()
         assert plugin.told == []  # no host: nothing to tell
         context = HostContext(HostConfig(node_name="n1", cdi_dir=tmp_path / "a"))
-        backend.bind(context)
+        backend.link.bind(context)
         plugin.release.clear()  # calls made together wait for the one telling
         calls = [asyncio.create_task(backend.discover()) for _ in range(3)]
         await asyncio.sleep(0.05)
@@ -160,8 +160,8 @@ async def test_a_bound_backend_is_told_the_host_facts_before_its_hooks_and_again
 async def test_a_backend_without_the_facts_hook_keeps_working(hooks: Hooks, tmp_path: Path) -> None:
     backend = Backend("plain", hooks, hook_timeout=5.0)
     try:
-        backend.bind(HostContext(HostConfig(cdi_dir=tmp_path)))
-        assert backend.facts == devicehost.HostFacts(node_name="", cdi_dir=tmp_path)
+        backend.link.bind(HostContext(HostConfig(cdi_dir=tmp_path)))
+        assert backend.link.facts == devicehost.HostFacts(node_name="", cdi_dir=tmp_path)
         assert await backend.discover() is not None
     finally:
         backend.close()

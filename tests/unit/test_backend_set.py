@@ -182,7 +182,7 @@ async def test_a_reloaded_hook_timeout_reaches_every_loaded_backend(make: Make) 
         [make("slow", slow, hook_timeout=30.0), make("other", Minimal(), hook_timeout=30.0)], {}, context
     )
     context.config = context.config.model_copy(update={"hook_timeout": 0.05})  # what a reload does
-    assert [b.hook_timeout for b in backends] == [0.05, 0.05]
+    assert [b.link.hook_timeout for b in backends] == [0.05, 0.05]
     with pytest.raises(HookTimeout, match=r"devicehost_discover did not return within 0\.05 s"):
         await backends.loaded["slow"].discover()
 
@@ -255,7 +255,7 @@ async def test_load_configures_and_adds_an_installed_backend(backend_set: Backen
     assert list(backend_set.loaded) == ["example"]
     assert backend_set.failed == {}, "a backend that loads is no longer failed"
     example = backend_set.loaded["example"]
-    assert example.hook_timeout == 1.5
+    assert example.link.hook_timeout == 1.5
     assert [(r.name, len(r.devices)) for r in await example.discover()] == [("example.com/thing", 2)]
 
 

@@ -131,7 +131,7 @@ class BackendSet:
 
     def _bind(self, backend: Backend) -> None:
         if self.context is not None:
-            backend.bind(self.context)
+            backend.link.bind(self.context)
 
     def close(self) -> None:
         for backend in self:

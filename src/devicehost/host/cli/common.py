@@ -130,7 +130,7 @@ def settings_problems(backends: Sequence[Backend], config: HostConfig) -> list[s
 
     context = HostContext(config)
     for backend in backends:
-        backend.bind(context)  # told the host's facts before the dry run, as when it serves
+        backend.link.bind(context)  # told the host's facts before the dry run, as when it serves
     refused = asyncio.run(refused_settings(backends, config.backends))
     return [line for problems in refused.values() for line in problems.splitlines()]
 
@@ -155,7 +155,7 @@ def dry_run_problems(backends: Sequence[Backend], config: HostConfig) -> list[st
 
         context = HostContext(config)
         for backend in backends:
-            backend.bind(context)  # as the host will: its facts and hook timeout
+            backend.link.bind(context)  # as the host will: its facts and hook timeout
         refused = await refused_settings(backends, config.backends)
         problems = [line for lines in refused.values() for line in lines.splitlines()]
         offered: list[tuple[str, Any]] = []

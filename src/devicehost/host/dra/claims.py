@@ -18,7 +18,6 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -31,6 +30,7 @@ from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, claim_r
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
+from devicehost.host.dra.specs import ClaimSpecs
 
 if TYPE_CHECKING:
     from devicehost.host.context import HostContext
@@ -59,11 +59,6 @@ class Claims:
         context: HostContext | None = None,
     ) -> None:
         self._driver = driver
-        self._context = context
-        """Whose ``cdi_dir`` the claims' CDI specs go to, read at each write and removal (a reload
-        reaches the next one); None: ``devicehost.cdi``'s default dir."""
-        self._spec_dir = self.cdi_dir
-        """Where the prepared claims' specs are: the ``cdi_dir`` they were last written or moved to."""
         self._cluster = cluster
         self.checkpoint = checkpoint
         self._resources = resources
@@ -76,29 +71,12 @@ class Claims:
         """Unhealthy devices are published with a taint: the scheduler gave one only to a claim
         that tolerates it, so prepare takes it (else it was withdrawn, and is refused)."""
         self.log = log.bind(driver=driver)
-
-    @property
-    def cdi_dir(self) -> Path | None:
-        """Where the claims' CDI specs go now: the host's live ``cdi_dir``."""
-        return None if self._context is None else self._context.config.cdi_dir
+        self.specs = ClaimSpecs(driver, context, self.log)
 
     async def follow_cdi_dir(self) -> None:
-        """Move the prepared claims' CDI specs to the host's ``cdi_dir`` if a reload changed it: a
-        container started again finds its claim's devices where the runtime reads now."""
+        """Move the prepared claims' CDI specs to the host's ``cdi_dir`` if a reload changed it."""
         async with owned(self._lock, self.checkpoint, self._resources):
-            self._move_specs()
-
-    def _move_specs(self) -> None:
-        source, target = self._spec_dir, self.cdi_dir
-        if source is None or target is None or source == target:
-            return
-        for uid in self.checkpoint.claims:
-            try:
-                cdi.move_spec(names.cdi_kind(self._driver, uid), source, target)
-            except (OSError, ValueError) as exc:
-                self.log.error("claim's CDI spec not moved to the new cdi_dir", uid=uid, error=str(exc))
-        self._spec_dir = target
-        self.log.info("prepared claims' CDI specs moved", source=str(source), target=str(target))
+            self.specs.follow(self.checkpoint.claims)
 
     async def read(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAllocation | BaseException]:
         """Those of ``claims`` not prepared yet, read from the API server at once (outside the
@@ -110,16 +88,11 @@ class Claims:
     async def prepare(
         self, claims: Sequence[ClaimRef], reads: Mapping[str, ClaimAllocation | BaseException] | None = None
     ) -> dict[str, PreparedClaim | str]:
-        """Each claim prepared (or as prepared before), or the one-line reason it is not.
-
-        ``reads``: the claims as :meth:`read` gave them (read here when None). They are prepared
-        one at a time, and the checkpoint is written once for all of them before the kubelet
-        gets the answer.
-        """
+        """Each claim prepared (or as prepared before), or the one-line reason it is not; ``reads`` as
+        :meth:`read` gave them (read here when None). The checkpoint is written once for all."""
         allocations = await self.read(claims) if reads is None else reads
         answers: dict[str, PreparedClaim | str] = {}
         async with owned(self._lock, self.checkpoint, self._resources):
-            self._move_specs()
             await self._prepare_all(claims, allocations, answers)
         return answers
 
@@ -148,7 +121,6 @@ class Claims:
         """For each claim, "" once unprepared (or never prepared), else the one-line reason."""
         errors: dict[str, str] = {}
         async with owned(self._lock, self.checkpoint, self._resources):
-            self._move_specs()
             for namespace, uid, name in claims:
                 try:
                     await self._unprepare(uid)
@@ -162,12 +134,12 @@ class Claims:
 
     async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
         namespace, uid, name = read.namespace, read.uid, read.name
-        kind = names.cdi_kind(self._driver, uid)
+        kind = self.specs.kind(uid)
         picked = pick(read.devices_of(self._driver), self._resources, self._device_plugin_holds, self.tainted)
         devices, spec_devices = await self._allocate(kind, read, picked)
         if spec_devices:
             try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self.cdi_dir)
+                self.specs.write(uid, spec_devices)
             except (OSError, ValueError) as exc:
                 await self._release(
                     devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
@@ -216,7 +188,7 @@ class Claims:
             return  # never prepared here, or unprepared already: nothing to undo
         await self._release(claim.devices, "unprepared", (f"{claim.namespace}/{claim.name}", uid), but=uid)
         with contextlib.suppress(ValueError):
-            cdi.remove_spec(names.cdi_kind(self._driver, uid), self.cdi_dir)
+            self.specs.remove(uid)
         self.checkpoint.remove(uid)
         still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():

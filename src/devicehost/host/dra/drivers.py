@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,13 @@ def kube_cluster(context: HostContext) -> Cluster:
     from devicehost.host.dra.kube import KubeCluster
 
     return KubeCluster(context.config.kubeconfig)
+
+
+def served_through(operator: Mapping[str, Api], backend: str, resource: Resource) -> Api:
+    """The API a resource is served through, the one rule the host and the webhook share: the
+    operator's ``serve_through`` of the resource, else of its backend, else what the backend
+    declared on the resource, else ``device-plugin``."""
+    return operator.get(resource.name) or operator.get(backend) or resource.serve_through or "device-plugin"
 
 
 class DraDrivers:
@@ -50,10 +57,8 @@ class DraDrivers:
         self._starting = asyncio.Lock()
 
     def api(self, backend: str, resource: Resource) -> Api:
-        """The operator's ``serve_through`` of the resource, else of its backend, else what the
-        backend declared on the resource, else ``device-plugin``."""
-        through = self._context.config.serve_through
-        return through.get(resource.name) or through.get(backend) or resource.serve_through or "device-plugin"
+        """The API ``resource`` of ``backend`` is served through (:func:`served_through`)."""
+        return served_through(self._context.config.serve_through, backend, resource)
 
     async def attach(self, server: ResourceServer, api: Api) -> None:
         """Serve ``server``'s resource through DRA too; a driver that cannot start is logged, and

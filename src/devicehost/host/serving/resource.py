@@ -95,8 +95,7 @@ class ResourceServer:
         self.superseded_by = ""  # another host's newer registration of it (``host/peers.py``)
 
     @property
-    def health_interval(self) -> float:
-        """Seconds between two health polls: the host's live ``health_interval``."""
+    def health_interval(self) -> float:  # seconds between two health polls: the host's live setting
         return self._context.config.health_interval
 
     @property
