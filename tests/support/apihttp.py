@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from devicehost.resourceapi import SLICE_API_VERSION, ClusterError, Conflict, NotFound
+from devicehost.resourceapi import SLICE_API_VERSION, ClaimAllocation, ClusterError, Conflict, NotFound
 from devicehost.standin.apiserver import NODE_UID, ApiServerStandIn
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -82,24 +82,26 @@ class ApiHttp:
 
     async def claim(self, request: web.Request) -> web.Response:
         await asyncio.sleep(self.read_delay)
-        try:
-            return web.json_response(
-                await self.api.claim_object(request.match_info["ns"], request.match_info["name"])
-            )
-        except ClusterError as exc:
-            return status(exc)
+        return self._claim_body(request.match_info["ns"], request.match_info["name"])
+
+    def _claim_body(self, namespace: str, name: str) -> web.Response:
+        if (namespace, name) not in self.api.claims:
+            return status(NotFound(f"ResourceClaim {namespace}/{name}: 404 NotFound"))
+        return web.json_response(self.api.claim_body(namespace, name))
 
     async def claim_status(self, request: web.Request) -> web.Response:
         body = await request.json()
         try:
             await self.api.replace_claim_status(body)
-            meta = body["metadata"]
-            return web.json_response(await self.api.claim_object(meta["namespace"], meta["name"]))
         except ClusterError as exc:
             return status(exc)
+        return self._claim_body(body["metadata"]["namespace"], body["metadata"]["name"])
 
     async def claims(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, ((kind, body) async for kind, body in self.api.claim_events()))
+        events = self.api.claim_events()
+        return await self._stream(
+            request, ((kind, claim.body or gone_claim(claim)) async for kind, claim in events)
+        )
 
     async def slices(self, request: web.Request) -> web.StreamResponse:
         wanted = fields(request)
@@ -172,6 +174,12 @@ def gone(name: str, node: str, driver: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": spec,
     }
+
+
+def gone_claim(claim: ClaimAllocation) -> dict[str, Any]:
+    """A deleted claim as a watch shows it."""
+    metadata = {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid}
+    return {"apiVersion": SLICE_API_VERSION, "kind": "ResourceClaim", "metadata": metadata}
 
 
 def kubeconfig(path: Path, server: str) -> Path:

@@ -184,7 +184,9 @@ class Node:
         """Every claim the kubelet holds is prepared once with its spec on disk and its CDI IDs
         resolving; every card is held by exactly the claims that hold it; the checkpoint matches."""
         claims = json.loads(self.checkpoint.read_text())["claims"] if self.checkpoint.exists() else {}
-        assert {uid: c.get("phase", "prepared") for uid, c in claims.items()} == dict.fromkeys(self.held, "prepared")
+        assert {uid: c.get("phase", "prepared") for uid, c in claims.items()} == dict.fromkeys(
+            self.held, "prepared"
+        )
         for uid, answer in self.held.items():
             assert (self.cdi / f"devicehost-{DRIVER}_claim-{uid}.json").is_file(), f"no spec for {uid}"
             resolve([i for d in answer for i in d.cdi_ids], [self.cdi])

@@ -12,6 +12,7 @@ import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 _T = TypeVar("_T")
@@ -275,6 +276,20 @@ class PreferredAllocationRequest:
     available: tuple[str, ...]
     must_include: tuple[str, ...]
     size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFacts:
+    """What the host tells a backend about the node it serves (``devicehost_host_facts``).
+
+    :param node_name: the Kubernetes node's name (``node_name``, ``--node-name`` or
+        ``DEVICEHOST_NODE_NAME``); "" when the operator gave none (nothing is served through DRA then).
+    :param cdi_dir: the directory the backend may write its CDI specs in (the host's ``cdi_dir``;
+        ``devicehost.cdi.write_spec(spec, facts.cdi_dir)``).
+    """
+
+    node_name: str
+    cdi_dir: Path
 
 
 @dataclass(frozen=True)

@@ -18,21 +18,23 @@ import contextlib
 import functools
 import itertools
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Device, Health, Share
+from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Health, Share
 from devicehost.host.backends.backend import HookError
-from devicehost.host.dra import claim_specs, names, steps
+from devicehost.host.dra import names, steps
+from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, claim_request, located
 from devicehost.host.dra.checkpoint import Checkpoint, Phase, PreparedClaim, PreparedDevice, by_resource
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
+from devicehost.host.dra.specs import ClaimSpecs
 
 if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
     from devicehost.host.serving.resource import ResourceServer
 
 log = structlog.get_logger(__name__)
@@ -45,28 +47,6 @@ READ_TIMEOUT = 10.0
 """Seconds one claim's read may take (the kubelet's own deadline for the call is 45 s)."""
 
 
-@dataclass
-class Attached:
-    """A resource served through a driver: its server, pool and slice, and the task publishing it."""
-
-    server: ResourceServer
-    pool: str
-    slice: str
-    follow: asyncio.Task[None]
-
-
-@dataclass(frozen=True)
-class Picked:
-    """One allocated device of a claim, found in what this host publishes."""
-
-    device: str
-    """Its DRA name."""
-    device_id: str
-    admin_access: bool
-    share: Share | None = None
-    """Its share, on a device that allows multiple allocations."""
-
-
 class ClaimSteps:
     """Each step of preparing and unpreparing one claim of a driver, through its backends, its
     checkpoint and its CDI specs, recorded before it is taken (see :mod:`.steps`)."""
@@ -77,11 +57,9 @@ class ClaimSteps:
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
         device_plugin_holds: Callable[[str], frozenset[str]],
-        cdi_dir: Path | None = None,
+        context: HostContext | None = None,
     ) -> None:
         self.driver = driver
-        self.cdi_dir = cdi_dir
-        """Where the claims' CDI specs go: the host's ``cdi_dir`` (None: ``devicehost.cdi``'s default)."""
         self.checkpoint = checkpoint
         self.resources = resources
         self._device_plugin_holds = device_plugin_holds
@@ -90,12 +68,13 @@ class ClaimSteps:
         """Unhealthy devices are published with a taint: the scheduler gave one only to a claim
         that tolerates it, so prepare takes it (else it was withdrawn, and is refused)."""
         self.log = log.bind(driver=driver)
+        self.specs = ClaimSpecs(driver, context, self.log)
 
     def as_on_disk(self, claim: PreparedClaim) -> PreparedClaim:
         """``claim``, its CDI spec written again first where it is missing or differs: a prepare
         answer promises only what is on disk."""
         try:
-            if claim_specs.ensure(claim, self.driver, self.cdi_dir):
+            if self.specs.ensure(claim):
                 self.log.warning(
                     "CDI spec of a prepared claim was missing or changed: written again",
                     claim=f"{claim.namespace}/{claim.name}",
@@ -105,15 +84,9 @@ class ClaimSteps:
             raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
         return claim
 
-    async def _prepare(
-        self, namespace: str, uid: str, name: str, read: ClaimAllocation | BaseException
-    ) -> PreparedClaim:
-        if isinstance(read, BaseException):
-            if isinstance(read, ClaimRefused):
-                raise read
-            raise ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
-        kind = names.cdi_kind(self.driver, uid)
-        picked = pick(read.devices, self.resources, self._device_plugin_holds, self.tainted)
+    async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
+        namespace, uid, name = read.namespace, read.uid, read.name
+        picked = pick(read.devices_of(self.driver), self.resources, self._device_plugin_holds, self.tainted)
         configs = {request: parameters(self.driver, read, request) for _, request in picked}
         planned = [
             d for (r, q), c in picked.items() for d in prepared_devices(q, self.resources[r].pool, r, c, ())
@@ -124,9 +97,7 @@ class ClaimSteps:
         self.checkpoint.flush()
         steps.reached(steps.PREPARE_RECORDED)
         try:
-            claim = await self._allocate_and_write(
-                kind, PreparedClaim(uid, namespace, name, (), configs=configs), read, picked
-            )
+            claim = await self._allocate_and_write(read, picked, configs)
         except ClaimRefused:
             self.checkpoint.remove(uid)
             raise
@@ -143,46 +114,42 @@ class ClaimSteps:
         return claim
 
     async def _allocate_and_write(
-        self,
-        kind: str,
-        claim: PreparedClaim,
-        read: ClaimAllocation,
-        picked: Mapping[tuple[str, str], list[Picked]],
+        self, read: ClaimAllocation, picked: Mapping[tuple[str, str], list[Found]], configs: Mapping[str, Any]
     ) -> PreparedClaim:
         """The allocate hooks' answers as the claim's devices, and its CDI spec written."""
-        named = (f"{claim.namespace}/{claim.name}", claim.uid)
-        devices, spec_devices = await self._allocate(kind, named[0], claim.uid, read, picked)
+        named = (f"{read.namespace}/{read.name}", read.uid)
+        kind = self.specs.kind(read.uid)
+        devices, spec_devices = await self._allocate(kind, read, picked)
         steps.reached(steps.PREPARE_ALLOCATED)
         spec = cdi.Spec(kind=kind, devices=spec_devices) if spec_devices else None
         if spec is not None:
             try:
-                cdi.write_spec(spec, self.cdi_dir)
+                self.specs.write(read.uid, spec_devices)
             except (OSError, ValueError) as exc:
                 await self._release(devices, "its CDI spec could not be written", named)
                 raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
         steps.reached(steps.PREPARE_SPEC_WRITTEN)
-        return replace(claim, devices=tuple(devices), spec=spec.to_dict() if spec else None)
+        spec_json = spec.to_dict() if spec else None
+        return PreparedClaim(
+            read.uid, read.namespace, read.name, tuple(devices), Phase.PREPARED, spec_json, configs
+        )
 
     async def _allocate(
-        self,
-        kind: str,
-        claim: str,
-        uid: str,
-        allocation: ClaimAllocation,
-        picked: Mapping[tuple[str, str], list[Picked]],
+        self, kind: str, allocation: ClaimAllocation, picked: Mapping[tuple[str, str], list[Found]]
     ) -> tuple[list[PreparedDevice], list[cdi.Device]]:
         """One allocate call per resource and request; what is allocated is released again if a
         later call fails. Each request's first device carries the CDI IDs its containers get."""
         devices: list[PreparedDevice] = []
         spec_devices: list[cdi.Device] = []
+        claim = (f"{allocation.namespace}/{allocation.name}", allocation.uid)
         for (resource, request), chosen in picked.items():
             attached = self.resources[resource]
-            ids = tuple(p.device_id for p in chosen)
+            ids = tuple(p.device.id for p in chosen)
             try:
-                asked = claim_request(self.driver, attached, allocation, request, chosen, (claim, uid))
+                asked = claim_request(allocation, self.driver, request, chosen)
                 given = await attached.server.backend.allocate(resource, ids, asked)
             except (HookError, ClaimRefused) as exc:
-                await self._release(devices, "a later allocation of the claim failed", (claim, uid))
+                await self._release(devices, "a later allocation of the claim failed", claim)
                 raise ClaimRefused(str(exc)) from None
             spec_device, cdi_ids = cdi_answer(kind, request, resource, given)
             spec_devices.extend([spec_device] if spec_device else [])
@@ -196,8 +163,8 @@ class ClaimSteps:
     async def undo(self, claim: PreparedClaim, why: str) -> None:
         """Unprepare ``claim`` whatever its phase: recorded ``unpreparing`` first, then its
         devices no other claim holds released (recorded ``released``: never twice), its spec
-        removed, and it forgotten. Raises
-        :class:`ClaimRefused` (the claim stays ``unpreparing``) when a release fails."""
+        removed, and it forgotten. Raises :class:`ClaimRefused` (the claim stays ``unpreparing``)
+        when a release fails."""
         uid, named = claim.uid, (f"{claim.namespace}/{claim.name}", claim.uid)
         if claim.phase is not Phase.RELEASED:
             if claim.phase is not Phase.UNPREPARING:
@@ -209,7 +176,7 @@ class ClaimSteps:
             self.checkpoint.flush()
             steps.reached(steps.UNPREPARE_RELEASED)
         with contextlib.suppress(ValueError):
-            claim_specs.remove(self.driver, uid, self.cdi_dir)
+            self.specs.remove(uid)
         steps.reached(steps.UNPREPARE_SPEC_REMOVED)
         self.checkpoint.remove(uid)
         for resource, ids in claim.by_resource().items():
@@ -233,17 +200,18 @@ class Claims(ClaimSteps):
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
         device_plugin_holds: Callable[[str], frozenset[str]],
-        cdi_dir: Path | None = None,
+        context: HostContext | None = None,
     ) -> None:
-        super().__init__(driver, checkpoint, resources, device_plugin_holds, cdi_dir)
+        super().__init__(driver, checkpoint, resources, device_plugin_holds, context)
         self._cluster = cluster
         self.lock = asyncio.Lock()
         reads = asyncio.Semaphore(READS)
         self._read = functools.partial(read_bounded, reads, cluster, driver)
         self._arrivals = itertools.count()
-        self._preparing: set[int] = set()
+        self._asked: dict[str, int] = {}
+        """Claim UID -> arrival of the last prepare asking for it, while one runs."""
         self._unprepared_at: dict[str, int] = {}
-        """Claim UID -> arrival of its last unprepare, while a prepare that came earlier runs."""
+        """Claim UID -> arrival of its last unprepare, while a prepare of it runs."""
         self.restored: set[str] = set()
         """Claims of the checkpoint replayed or restored since the start (:mod:`.restore`)."""
         self.restored_resources: set[str] = set()
@@ -251,27 +219,34 @@ class Claims(ClaimSteps):
         self.not_restored: dict[str, str] = {}
         """Claim UID -> why it could not be restored at the start (its devices were released)."""
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Each claim prepared (or as prepared before, its spec on disk), or the one-line reason
-        it is not.
+    async def follow_cdi_dir(self) -> None:
+        """Move the prepared claims' CDI specs to the host's ``cdi_dir`` if a reload changed it."""
+        async with owned(self.lock, self.checkpoint, self.resources):
+            self.specs.follow(self.checkpoint.claims)
 
-        The claims are read from the API server at once, outside the lock, so one slow read does
-        not hold the others; then they are prepared one at a time, and the checkpoint is written
-        before each claim's allocate hooks run and once more before the kubelet gets the answer.
-        """
+    async def read(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAllocation | BaseException]:
+        """Those of ``claims`` not prepared yet, read from the API server at once (outside the
+        lock, so one slow read does not hold the others), by UID: each claim is read once a call.
+        The first step of a prepare: the call's arrival is taken here."""
         arrival = next(self._arrivals)
-        self._preparing.add(arrival)
+        self._asked.update((uid, arrival) for _, uid, _ in claims)
+        new = [ref for ref in claims if not self._prepared(ref[1])]
+        reads = await asyncio.gather(*(self._read(*ref) for ref in new), return_exceptions=True)
+        return dict(zip((ref[1] for ref in new), reads, strict=True))
+
+    async def prepare(
+        self, claims: Sequence[ClaimRef], reads: Mapping[str, ClaimAllocation | BaseException] | None = None
+    ) -> dict[str, PreparedClaim | str]:
+        """Each claim prepared (or as prepared before, its spec on disk), or the one-line reason it
+        is not; ``reads`` as :meth:`read` gave them (read here when None). The checkpoint is
+        written before each claim's allocate hooks run and once more before the answer."""
         try:
-            new = [ref for ref in claims if not self._prepared(ref[1])]
-            reads = await asyncio.gather(*(self._read(*ref) for ref in new), return_exceptions=True)
-            allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
+            allocations = await self.read(claims) if reads is None else reads
             answers: dict[str, PreparedClaim | str] = {}
             async with owned(self.lock, self.checkpoint, self.resources):
                 for namespace, uid, name in claims:
                     try:
-                        answers[uid] = await self._prepare_one(
-                            namespace, uid, name, allocations.get(uid), arrival
-                        )
+                        answers[uid] = await self._prepare_one((namespace, uid, name), allocations.get(uid))
                     except ClaimRefused as exc:
                         self.log.error(
                             "claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
@@ -280,8 +255,9 @@ class Claims(ClaimSteps):
                 if self.checkpoint.flush():
                     steps.reached(steps.PREPARE_CHECKPOINTED)
         finally:
-            self._preparing.discard(arrival)
-            if not self._preparing:
+            for _, uid, _ in claims:
+                self._asked.pop(uid, None)
+            if not self._asked:
                 self._unprepared_at.clear()
         return answers
 
@@ -290,12 +266,13 @@ class Claims(ClaimSteps):
         return found is not None and found.phase is Phase.PREPARED
 
     async def _prepare_one(
-        self, namespace: str, uid: str, name: str, read: ClaimAllocation | BaseException | None, arrival: int
+        self, ref: ClaimRef, read: ClaimAllocation | BaseException | None
     ) -> PreparedClaim:
+        namespace, uid, name = ref
         found = self.checkpoint.claims.get(uid)
         if found is not None and found.phase is Phase.PREPARED:
             return self.as_on_disk(found)
-        if self._unprepared_at.get(uid, -1) > arrival:
+        if self._unprepared_at.get(uid, -1) > self._asked.get(uid, -1):
             raise ClaimRefused(
                 f"ResourceClaim {namespace}/{name} was unprepared after this prepare was asked for"
             )
@@ -303,13 +280,14 @@ class Claims(ClaimSteps):
             await self.undo(found, "a call cut short is undone before the claim is prepared")
         if read is None:  # prepared when the reads began, unprepared since
             read = await self._read(namespace, uid, name)
-        return await self._prepare(namespace, uid, name, read)
+        if isinstance(read, BaseException):
+            raise refusal(read, f"{namespace}/{name}")
+        return await self._prepare(read)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """For each claim, "" once unprepared (or never prepared), else the one-line reason."""
         arrival = next(self._arrivals)
-        if self._preparing:
-            self._unprepared_at.update((uid, arrival) for _, uid, _ in claims)
+        self._unprepared_at.update((uid, arrival) for _, uid, _ in claims if uid in self._asked)
         errors: dict[str, str] = {}
         async with owned(self.lock, self.checkpoint, self.resources):
             for namespace, uid, name in claims:
@@ -333,32 +311,6 @@ class Claims(ClaimSteps):
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
 
 
-def claim_request(
-    driver: str,
-    attached: Attached,
-    allocation: ClaimAllocation,
-    request: str,
-    chosen: Sequence[Picked],
-    claim: tuple[str, str],
-) -> ClaimRequest:
-    """What the allocate hook gets for ``request``: its configuration, admin access and shares."""
-    config = request_config(driver, attached, allocation, request)
-    admin = any(p.admin_access for p in chosen)
-    shares = {p.device_id: p.share for p in chosen if p.share is not None}
-    return ClaimRequest(request, claim[0], claim[1], config, admin, shares)
-
-
-def request_config(driver: str, attached: Attached, allocation: ClaimAllocation, request: str) -> object:
-    """The request's opaque configuration for ``driver``, checked by the backend's model."""
-    config = allocation.config(driver, request)
-    if config is None:
-        return None
-    try:
-        return attached.server.backend.claim_config(config.parameters, "parameters")
-    except HookError as exc:
-        raise ClaimRefused(f"request {request!r}: {exc}") from None
-
-
 def parameters(driver: str, allocation: ClaimAllocation, request: str) -> object:
     """The request's opaque parameters for ``driver`` as the claim has them (None: none), kept in
     the checkpoint to check again and hand to the restore hook after a restart."""
@@ -367,7 +319,7 @@ def parameters(driver: str, allocation: ClaimAllocation, request: str) -> object
 
 
 def prepared_devices(
-    request: str, pool: str, resource: str, chosen: Sequence[Picked], cdi_ids: tuple[str, ...]
+    request: str, pool: str, resource: str, chosen: Sequence[Found], cdi_ids: tuple[str, ...]
 ) -> list[PreparedDevice]:
     """The request's devices as the checkpoint keeps them; the first carries the CDI IDs."""
     cdi_ids = tuple(dict.fromkeys(cdi_ids))  # each ID once, however the backend repeated it
@@ -375,13 +327,13 @@ def prepared_devices(
         PreparedDevice(
             request,
             pool,
-            p.device,
+            p.allocated.device,
             resource,
-            p.device_id,
+            p.device.id,
             cdi_ids if n == 0 else (),
-            p.admin_access,
-            p.share.id if p.share else "",
-            dict(p.share.consumed) if p.share else {},
+            p.allocated.admin_access,
+            p.allocated.share_id,
+            dict(p.allocated.consumed) if p.allocated.share_id else {},
         )
         for n, p in enumerate(chosen)
     ]
@@ -500,17 +452,23 @@ async def read_bounded(
 
 
 async def read_claim(cluster: Cluster, driver: str, namespace: str, uid: str, name: str) -> ClaimAllocation:
-    """The claim's allocation with only this driver's devices, from the API server."""
+    """The claim, from the API server; refused unless it is the one named and has devices of ``driver``."""
     try:
         allocation = await cluster.claim(namespace, name)
     except ClusterError as exc:
         raise ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
     if allocation.uid != uid:
         raise ClaimRefused(f"ResourceClaim {namespace}/{name} has UID {allocation.uid}, not {uid}")
-    mine = tuple(d for d in allocation.devices if d.driver == driver)
-    if not mine:
+    if not allocation.devices_of(driver):
         raise ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {driver}")
-    return replace(allocation, devices=mine)
+    return replace(allocation, namespace=namespace, name=name)
+
+
+def refusal(read: BaseException, claim: str) -> ClaimRefused:
+    """What a failed read of ``claim`` answers the kubelet."""
+    if isinstance(read, ClaimRefused):
+        return read
+    return ClaimRefused(f"reading ResourceClaim {claim}: {read!r}")
 
 
 def pick(
@@ -518,19 +476,13 @@ def pick(
     resources: Mapping[str, Attached],
     device_plugin_holds: Callable[[str], frozenset[str]],
     tainted: bool = False,
-) -> dict[tuple[str, str], list[Picked]]:
+) -> dict[tuple[str, str], list[Found]]:
     """The allocated devices by (resource, request), each found and checked; an unhealthy one only
     where it is ``tainted`` (published with a taint the claim must have tolerated)."""
-    by_pool = {a.pool: a for a in resources.values()}
-    named: dict[str, dict[str, Device]] = {}  # pool -> DRA device name -> device, built once a pool
-    picked: dict[tuple[str, str], list[Picked]] = {}
-    for device in allocated:
-        attached = by_pool.get(device.pool)
+    picked: dict[tuple[str, str], list[Found]] = {}
+    for device, attached, found in located(allocated, resources):
         if attached is None:
             raise ClaimRefused(f"pool {device.pool!r} is not served by this host")
-        if device.pool not in named:
-            named[device.pool] = {names.device_name(d.id): d for d in attached.server.table.devices}
-        found = named[device.pool].get(device.device)
         if found is None:
             raise ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
         if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
@@ -538,16 +490,11 @@ def pick(
         resource = attached.server.name
         if found.id in device_plugin_holds(resource):
             raise ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
-        share = Share(device.share_id, device.consumed) if device.share_id else None
         same = picked.setdefault((resource, device.request), [])
-        if any(p.device == device.device for p in same):
+        if any(p.allocated.device == device.device for p in same):
             raise ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
-        same.append(Picked(device.device, found.id, device.admin_access, share))
+        same.append(Found(device, attached, found))
     return picked
-
-
-class ClaimRefused(Exception):
-    """A claim cannot be prepared or unprepared; the message is the claim's error."""
 
 
 def _say_annotations_dropped(allocation: ContainerAllocation) -> None:

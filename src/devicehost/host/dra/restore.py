@@ -21,9 +21,9 @@ from collections.abc import Iterator
 
 from devicehost.hookspecs.types import ClaimRequest, Share
 from devicehost.host.backends.backend import HookError, restore
-from devicehost.host.dra import claim_specs
+from devicehost.host.dra.allocated import ClaimRefused
 from devicehost.host.dra.checkpoint import Phase, PreparedClaim, PreparedDevice
-from devicehost.host.dra.claims import ClaimRefused, Claims, ClaimSteps, owned
+from devicehost.host.dra.claims import Claims, ClaimSteps, owned
 
 
 def open_claims(claims: Claims) -> None:
@@ -39,7 +39,7 @@ def open_claims(claims: Claims) -> None:
         if claim.phase is not Phase.PREPARED:
             continue
         try:
-            written += claim_specs.ensure(claim, claims.driver, claims.cdi_dir)
+            written += claims.specs.ensure(claim)
         except (OSError, ValueError) as exc:
             failed += 1
             claims.log.error("CDI spec of a prepared claim not written again", uid=claim.uid, error=str(exc))
