@@ -122,8 +122,8 @@ def claim_from_json(uid: str, entry: Mapping[str, Any]) -> PreparedClaim:
     return PreparedClaim(uid, entry["namespace"], entry["name"], devices, phase, spec, configs)
 
 
-def claim_json(claim: PreparedClaim) -> str:
-    """One claim as the file keeps it."""
+def entry_json(claim: PreparedClaim) -> str:
+    """One claim as the file keeps it: ``"<uid>":{...}``."""
     entry = {
         "namespace": claim.namespace,
         "name": claim.name,
@@ -132,7 +132,7 @@ def claim_json(claim: PreparedClaim) -> str:
         "spec": claim.spec,
         "configs": dict(claim.configs),
     }
-    return json.dumps(entry, sort_keys=True, separators=(",", ":"))
+    return f"{json.dumps(claim.uid)}:{json.dumps(entry, sort_keys=True, separators=(',', ':'))}"
 
 
 class Holders:
@@ -241,7 +241,7 @@ class Checkpoint:
         if old is not None:
             self._holders.follow(claim.uid, old, False)
         self._claims[claim.uid] = claim
-        self._texts[claim.uid] = claim_json(claim)
+        self._texts[claim.uid] = entry_json(claim)
         self._holders.follow(claim.uid, claim, True)
         self._changed()
 
@@ -303,10 +303,9 @@ class Checkpoint:
             self._write()
 
     def _write(self) -> None:
-        for uid, claim in self._claims.items():
-            if uid not in self._texts:
-                self._texts[uid] = claim_json(claim)
-        entries = ",".join(f"{json.dumps(uid)}:{self._texts[uid]}" for uid in sorted(self._claims))
+        if len(self._texts) != len(self._claims):  # claims set whole (loaded): their texts made once
+            self._texts = {uid: entry_json(claim) for uid, claim in self._claims.items()}
+        entries = ",".join(self._texts.values())  # each claim's text kept: one join, not one dumps a claim
         self._dirty = True  # until written
         self._seen = write_file(self.path, f'{{"version":{CHECKPOINT_VERSION},"claims":{{{entries}}}}}\n')
         self._dirty = False
