@@ -48,6 +48,7 @@ async def test_a_reboot_writes_every_spec_again_before_the_driver_registers(node
     await node.reboot()
     specs = {f"devicehost-{DRIVER}_claim-{ref[1]}.json" for ref in refs}
     assert specs <= set(node.specs_at_registration[-1])  # on disk before the kubelet knew the driver
+    assert (await node.dra_status())["restored_claims"] == 2
     assert sorted(r["claim"] for r in node.hooks("restore")) == sorted(ref[1] for ref in refs)
     node.check()  # the kubelet still counts them prepared: their specs resolve without asking again
     again = [await node.prepare(ref) for ref in refs]  # the 1.35 kubelet asks again anyway
@@ -75,6 +76,9 @@ async def test_a_backend_that_refuses_to_restore_fails_that_claim_alone(node: No
     host = await node.reboot(refuse_restore=True)
     said = await host.wait_for_log("claim not restored", uid=ref[1])
     assert "cannot set up card-0 again" in said["error"]
+    status = await node.dra_status()
+    assert (status["restored_claims"], len(status["not_restored"])) == (0, 1)
+    assert status["not_restored"][0].startswith(f"{ref[1]}: ")
     node.held.clear()  # unprepared at the start: the kubelet's next prepare starts afresh
     node.check()
     await node.prepare(ref)
@@ -150,6 +154,7 @@ async def test_an_unreadable_checkpoint_is_set_aside_and_the_host_starts(node: N
     aside = list(node.checkpoint.parent.glob("devicehost-claims.json.unreadable-*"))
     assert [p.name for p in aside] == [said["problem"].rpartition("set aside as ")[2]]
     await node.registered(host)
+    assert (await node.dra_status())["checkpoint_set_aside"] == [str(aside[0])]
     await node.prepare(node.claim("card-0"))
     node.check()
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 from apihttp import ApiHttp, serving
+from probing import free_port, get
 
 from devicehost.standin import DraDevice, KubeletStandIn
 from devicehost.standin.apiserver import ApiServerStandIn
@@ -47,6 +48,8 @@ class Node:
     host: HostProcess | None = None
     held: dict[str, tuple[DraDevice, ...]] = field(default_factory=dict)
     """Claim UID -> the devices of its last prepare answer, for each claim the kubelet counts prepared."""
+    status_port: int = field(default_factory=free_port)
+    """Where the host serves ``/status``."""
     specs_at_registration: list[list[str]] = field(default_factory=list)
     """The CDI dir's files at each moment the kubelet registered the driver."""
     _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
@@ -73,6 +76,7 @@ class Node:
             "pod_resources_socket": str(self.root / "pod-resources" / "kubelet.sock"),
             "cdi_dir": str(self.cdi),
             "device_release": False,
+            "metrics_address": f"127.0.0.1:{self.status_port}",
         }
         path = self.root / "config.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -129,6 +133,14 @@ class Node:
         host = await self.start_host(**settings)
         await self.registered(host)
         return host
+
+    async def dra_status(self) -> dict[str, Any]:
+        """What ``/status`` says of the card resource's DRA side."""
+        code, body = await get(self.status_port, "/status")
+        assert code == 200, body
+        resources = json.loads(body)["resources"]
+        dra: dict[str, Any] = resources[f"{DRIVER}/card"]["dra"]
+        return dra
 
     def journal_line(self, line: Mapping[str, Any]) -> None:
         with (self.root / "journal").open("a", encoding="utf-8") as journal:

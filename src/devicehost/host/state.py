@@ -36,6 +36,12 @@ class DraState:
     """The ResourceSlice its devices are published in."""
     prepared_claims: int
     """Claims prepared with its devices, now."""
+    restored_claims: int = 0
+    """Of the driver's claims its checkpoint had at the start, those restored and still prepared."""
+    not_restored: tuple[str, ...] = ()
+    """``<claim UID>: <reason>`` of each claim the start could not restore (it was unprepared)."""
+    checkpoint_set_aside: tuple[str, ...] = ()
+    """Checkpoint files of the driver set aside as unreadable since the start."""
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,13 @@ class DraDrivers:
         only = api == "dra"
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
-        dra = DraState(driver.name, only, driver.registered, slice_name, prepared)
+        claims = driver.claims
+        restored = sum(uid in claims.checkpoint.claims for uid in claims.restored)
+        not_restored = tuple(f"{uid}: {why}" for uid, why in claims.not_restored.items())
+        aside = tuple(claims.checkpoint.set_aside)
+        dra = DraState(
+            driver.name, only, driver.registered, slice_name, prepared, restored, not_restored, aside
+        )
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
 
     async def follow_cdi_dir(self) -> None:
