@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 from nodelife import DRIVER, POOL, Node, a_node
 
 from devicehost.host.dra import steps
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation
 from devicehost.standin import DraCallError
+from devicehost.standin.cdi_runtime import resolve
 
 
 @pytest.fixture
@@ -55,6 +57,27 @@ async def test_a_reboot_writes_every_spec_again_before_the_driver_registers(node
     assert again == first
     assert len(node.hooks("allocate")) == 2  # answered from the checkpoint, not allocated again
     node.check()
+
+
+async def test_a_reboot_leaves_the_device_plugin_sides_cdi_names_resolving(node: Node) -> None:
+    """The device plugin side's specs are the backend's own, written in its start hook, which
+    runs before the resource registers: what the kubelet was handed resolves again by then."""
+    config = node.root / "example.yaml"
+    settings = {"backends": {"example": {"cdi": True}}, "cdi_dir": str(node.cdi), "device_release": False}
+    config.write_text(yaml.safe_dump(settings))
+    widget = "example.com/widget"
+    names = []
+    for boot in range(2):
+        if boot:
+            await node.power_cycle()
+        await node.run_host(["example"], config)
+        assert node.kubelet is not None
+        await node.kubelet.wait_for_resource(widget, healthy=4, timeout=20)
+        resolve(names, [node.cdi])  # handed out before the reboot: defined again once registered
+        answer = await node.kubelet.allocate_ids(widget, ["widget-1"])
+        names = [c.name for c in answer.container_responses[0].cdi_devices]
+        assert names
+        resolve(names, [node.cdi])
 
 
 async def test_a_host_restarted_alone_writes_a_missing_spec_again(node: Node) -> None:

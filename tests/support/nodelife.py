@@ -95,14 +95,17 @@ class Node:
         self.kubelet = kubelet
 
     async def start_host(self, kill_at: str = "", **settings: Any) -> HostProcess:
-        """``devicehost run`` (killed at the step ``kill_at`` names), once the kubelet registered it."""
+        """``devicehost run`` serving the nodelife backend (killed at the step ``kill_at`` names)."""
+        return await self.run_host(["nodelife"], self.config(**settings), kill_at)
+
+    async def run_host(self, backends: list[str], config: Path, kill_at: str = "") -> HostProcess:
+        """``devicehost run`` of ``backends`` with the config file ``config``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
         if kill_at:
             env["DEVICEHOST_KILL_AT"] = kill_at
+        plugins = self.root / "device-plugins"
         host = await self._stack.enter_async_context(
-            host_process(
-                self.root / "device-plugins", ["nodelife"], config_file=self.config(**settings), env=env
-            )
+            host_process(plugins, backends, config_file=config, env=env)
         )
         self.host = host
         return host
@@ -120,9 +123,9 @@ class Node:
         assert self.host is not None
         return await asyncio.wait_for(self.host.process.wait(), 15)
 
-    async def reboot(self, **settings: Any) -> HostProcess:
+    async def power_cycle(self) -> None:
         """Kill the host and the kubelet, empty the CDI dir (a tmpfs) and the hardware's state,
-        keep the checkpoint's dir; start the kubelet and the host again, the host registered."""
+        keep the checkpoint's dir; start the kubelet again."""
         await self.kill_host()
         assert self.kubelet is not None
         await self.kubelet.stop()
@@ -130,6 +133,10 @@ class Node:
         self.cdi.mkdir()
         self.journal_line({"hook": "reboot"})
         await self.start_kubelet()
+
+    async def reboot(self, **settings: Any) -> HostProcess:
+        """:meth:`power_cycle`, then the host started again and registered."""
+        await self.power_cycle()
         host = await self.start_host(**settings)
         await self.registered(host)
         return host
