@@ -17,12 +17,12 @@ from typing import Any, NoReturn
 
 import pytest
 
-from devicehost import cdi
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Health, Resource
 from devicehost.host import reconcile
 from devicehost.host.backends.backend import new_plugin_manager
 from devicehost.host.backends.loader import UnknownBackendError, load_backends
+from devicehost.standin.cdi_runtime import registry as cdi_registry
 
 RULES = {
     "entry-point": "the backend loads through its devicehost.backends entry point, as the host loads it",
@@ -142,8 +142,9 @@ def _backend_trace(exc: BaseException) -> str:
 
 
 def undefined_cdi_names(names: Sequence[str], cdi_dir: Path) -> list[str]:
-    """The CDI device names no spec in ``cdi_dir`` defines (a pod handed one fails to start)."""
-    defined = cdi.defined_names(cdi_dir)
+    """The CDI device names that do not resolve in ``cdi_dir`` as containerd 1.7 resolves them (a
+    pod handed one fails to start): no spec defines them, or only one the runtime refuses."""
+    defined = cdi_registry([cdi_dir])
     return [name for name in names if name not in defined]
 
 
