@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from allocations import observed, record
 from drahost import DraHost, container_env, driver_slices, feature_gates, first_event, since, wait_running
 from k8skit import Kit, until
 
@@ -117,6 +118,7 @@ def run_pair(kit: Kit, what: str, claims: tuple[str, ...], pods: tuple[str, str]
     wait_running(kit, NAMESPACE, list(pods))
     kit.timings[f"dra-shares {what}: applied -> 2 pods running"] = since(started)
     driver = NET if what == "nic" else GPU
+    record(kit, f"dra-shares {what}", observed(kit, NAMESPACE, list(pods), driver))
     return [container_env(kit, "dra-shares", NAMESPACE, pod, "ctr0", driver) for pod in pods]
 
 

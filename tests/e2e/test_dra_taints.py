@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
+from allocations import observed, record
 from drahost import (
     DraHost,
     container_env,
@@ -261,6 +262,7 @@ def test_noschedule_keeps_the_running_pod_and_holds_new_ones(kit: Kit, host: Dra
         )
         second = one_gpu(gpu_env(kit, name, "pod-no-schedule"))
         assert second != gpu, (gpu, second)
+        record(kit, name, observed(kit, name, ["pod-keeps-running", "pod-no-schedule"], DRIVER))
 
 
 def test_a_rule_naming_one_device_taints_only_that_device(kit: Kit, host: DraHost) -> None:
@@ -286,6 +288,7 @@ def test_a_rule_naming_one_device_taints_only_that_device(kit: Kit, host: DraHos
         wait_running(kit, name, ["pod-gpu-2"])
         kit.timings[f"dra-taints {name}: rule deleted -> pod-gpu-2 running"] = since(started)
         assert one_gpu(gpu_env(kit, name, "pod-gpu-2")) == "gpu-2"
+        record(kit, name, observed(kit, name, ["pod-any-gpu", "pod-gpu-2"], DRIVER))
 
 
 def test_noexecute_evicts_the_pod_without_a_toleration(kit: Kit, host: DraHost) -> None:
@@ -367,6 +370,7 @@ def test_toleration_seconds_delays_the_eviction(kit: Kit, host: DraHost) -> None
         kit.timings[f"dra-taints {name}: 3 pods applied -> running"] = since(started)
         given = {p: one_gpu(gpu_env(kit, name, p)) for p in three}
         assert sorted(given.values()) == [f"gpu-{i}" for i in range(GPUS)], given
+        record(kit, name, observed(kit, name, three, DRIVER))
 
         started = time.monotonic()
         kit.apply_all([docs["DeviceTaintRule"]])

@@ -1,0 +1,116 @@
+"""What a scenario's pods were allocated, on the real cluster and on the stand-in, in one shape.
+
+A scenario is a manifest of tests/e2e/manifests: its pods name ResourceClaims or templates. Its
+allocation is, by pod, each of the pod's claim entries with the (request, device) of every
+result: ``{"pod0": {"gpu": [["gpu", "gpu-0"]]}}``. :func:`observed` reads it from the cluster
+(the e2e suite), :func:`scheduled` makes it on the stand-in API server (the stand-in's scenario
+tests), and :func:`record` keeps what the cluster did: in the session's notes and, when
+``DEVICEHOST_E2E_ALLOCATIONS`` names a file, as a JSON line there that :func:`recorded` reads
+back, so the stand-in's tests compare against the real cluster's last run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devicehost.standin.apiserver import ApiServerStandIn
+
+Pods = dict[str, dict[str, list[list[str]]]]
+RECORD = "DEVICEHOST_E2E_ALLOCATIONS"
+MANIFESTS = Path(__file__).resolve().parents[1] / "e2e" / "manifests"
+
+
+class Manifest:
+    """A scenario's documents, by kind and name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.docs = [d for d in yaml.safe_load_all((MANIFESTS / f"{name}.yaml").read_text()) if d]
+
+    def of(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {d["metadata"]["name"]: d for d in self.docs if d["kind"] == kind}
+
+    @property
+    def namespace(self) -> str:
+        (name,) = self.of("Namespace")
+        return name
+
+
+def _claim_entries(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(pod["spec"].get("resourceClaims", ()))
+
+
+def scheduled(cluster: ApiServerStandIn, manifest: Manifest, pod: str) -> dict[str, list[list[str]]]:
+    """Allocate the pod's claims on the stand-in as the scheduler would place the pod (a shared
+    claim once, a template's claim as ``<pod>-<entry>``); what each entry got.
+
+    :raises Unschedulable: a claim cannot be allocated (the pod's claims allocated so far are let go).
+    """
+    got: dict[str, list[list[str]]] = {}
+    made: list[tuple[str, str]] = []
+    namespace = manifest.namespace
+    try:
+        for entry in _claim_entries(manifest.of("Pod")[pod]):
+            if "resourceClaimName" in entry:
+                name = entry["resourceClaimName"]
+                spec = manifest.of("ResourceClaim")[name]["spec"]
+            else:
+                name = f"{pod}-{entry['name']}"
+                spec = manifest.of("ResourceClaimTemplate")[entry["resourceClaimTemplateName"]]["spec"][
+                    "spec"
+                ]
+            if (namespace, name) not in cluster.claims:
+                cluster.allocate_claim(spec, namespace=namespace, name=name)
+                made.append((namespace, name))
+            got[entry["name"]] = [[d.request, d.device] for d in cluster.claims[(namespace, name)].devices]
+    except Exception:
+        for key in made:
+            cluster.claims.pop(key)
+        raise
+    return got
+
+
+def release(cluster: ApiServerStandIn, manifest: Manifest, pod: str) -> None:
+    """The pod deleted: its template claims go (a named claim stays, as on the cluster)."""
+    for entry in _claim_entries(manifest.of("Pod")[pod]):
+        if "resourceClaimTemplateName" in entry:
+            cluster.claims.pop((manifest.namespace, f"{pod}-{entry['name']}"), None)
+
+
+def observed(kit: Any, namespace: str, pods: list[str], driver: str) -> Pods:
+    """What the cluster allocated to each of ``pods``' claims (results of ``driver``)."""
+    found: Pods = {}
+    for pod in pods:
+        body = kit.get("pod", "-n", namespace, pod)
+        names = {s["name"]: s["resourceClaimName"] for s in body["status"].get("resourceClaimStatuses", ())}
+        names |= {c["name"]: c["resourceClaimName"] for c in _claim_entries(body) if "resourceClaimName" in c}
+        found[pod] = {}
+        for entry, claim in names.items():
+            results = kit.get("resourceclaim", "-n", namespace, claim)["status"]["allocation"]["devices"][
+                "results"
+            ]
+            found[pod][entry] = [[r["request"], r["device"]] for r in results if r["driver"] == driver]
+    return found
+
+
+def record(kit: Any, scenario: str, pods: Pods) -> None:
+    """Keep what the cluster allocated in ``scenario``: in the notes, and in the record file."""
+    kit.notes.append(f"allocation {scenario}: {json.dumps(pods, sort_keys=True)}")
+    path = os.environ.get(RECORD)
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"scenario": scenario, "pods": pods}, sort_keys=True) + "\n")
+
+
+def recorded(scenario: str) -> list[Pods]:
+    """What the real cluster allocated in ``scenario`` in the run the record file holds, in order."""
+    path = os.environ.get(RECORD)
+    if not path or not Path(path).exists():
+        return []
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [line["pods"] for line in lines if line["scenario"] == scenario]
