@@ -469,3 +469,14 @@ def fits(scene: Scene, device: str) -> bool:
         held=[*scene.held, ClaimAllocation("trial", (AllocatedDevice("r", DRIVER, "node-a", device),))],
     )
     return not overdrawn(trial)
+
+
+def test_all_devices_of_a_pool_being_rewritten_are_not_given_out() -> None:
+    scene = Scene([slice_of([gpu(0), gpu(1)])])
+    scene.slices[0]["spec"]["pool"]["resourceSliceCount"] = 2  # the second slice not written yet
+    refusal = scene.refused(claim(exactly(allocationMode="All")))
+    assert (
+        str(refusal)
+        == "request gpu: asks for all devices, but resource pool node-a is currently being updated"
+    )
+    assert names(scene.take(claim(exactly()))) == [("gpu", "gpu-0")]

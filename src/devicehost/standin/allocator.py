@@ -296,11 +296,20 @@ class Search:
         for choice in self.requests[index]:
             found = self.candidates(choice)
             if choice.all:
+                self._complete(choice, found)
                 if found and self._take_all(index, choice, found):
                     return True
             elif self._pick(index, choice, found, 0, choice.count):
                 return True
         return False
+
+    def _complete(self, choice: Choice, found: Sequence[Published]) -> None:
+        """Refuse, as the scheduler does, to take "all" devices of a pool being rewritten."""
+        busy = sorted(pool for _, pool in {(d.driver, d.pool) for d in found} & self.found.incomplete)
+        if busy:
+            raise Unschedulable(
+                f"request {choice.name}: asks for all devices, but resource pool {busy[0]} is currently being updated"
+            )
 
     def _pick(self, index: int, choice: Choice, found: Sequence[Published], start: int, left: int) -> bool:
         if left == 0:

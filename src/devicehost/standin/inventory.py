@@ -4,12 +4,14 @@
 allocator tries them (by driver, pool and slice name, then as each slice lists them), each with
 its taints (its slice's and those of the DeviceTaintRules that select it), and the pools' shared
 counter sets. Slices of an older generation of a pool than its newest are left out, as the
-scheduler leaves them.
+scheduler leaves them; a pool with fewer slices of its newest generation than it says it has is
+noted as incomplete (being rewritten).
 """
 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -70,6 +72,9 @@ class Inventory:
     devices: list[Published]
     counter_sets: dict[tuple[str, str, str], dict[str, Decimal]]
     """(driver, pool, counter set) to each counter's amount."""
+    incomplete: set[tuple[str, str]] = field(default_factory=set)
+    """(driver, pool) of the pools with fewer slices of their newest generation than their
+    ``resourceSliceCount``: being rewritten."""
 
     @functools.cached_property
     def by_key(self) -> dict[tuple[str, str, str], Published]:
@@ -116,7 +121,15 @@ def inventory(
     rules = list(taint_rules)
     devices: list[Published] = []
     counter_sets: dict[tuple[str, str, str], dict[str, Decimal]] = {}
-    for body in _newest(slices, node):
+    newest = _newest(slices, node)
+    seen = Counter((s["spec"]["driver"], s["spec"]["pool"]["name"]) for s in newest)
+    incomplete = {
+        (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        for s in newest
+        if seen[(s["spec"]["driver"], s["spec"]["pool"]["name"])]
+        < int(s["spec"]["pool"].get("resourceSliceCount", 1))
+    }
+    for body in newest:
         spec = body["spec"]
         driver, pool = spec["driver"], spec["pool"]["name"]
         for counter_set in spec.get("sharedCounters") or ():
@@ -126,4 +139,4 @@ def inventory(
         for entry in spec.get("devices") or ():
             taints = (*(entry.get("taints") or ()), *_ruled(driver, pool, entry["name"], rules))
             devices.append(Published(driver, pool, entry["name"], entry, taints))
-    return Inventory(devices, counter_sets)
+    return Inventory(devices, counter_sets, incomplete)
