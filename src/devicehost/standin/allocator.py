@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from celpy import celtypes
+
 from devicehost import quantity
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from devicehost.standin.capacity import consumption
@@ -89,8 +91,8 @@ class Usage:
 
     whole: set[tuple[str, str, str]] = field(default_factory=set)
     holders: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    shared: dict[tuple[str, str, str], Counter[str]] = field(default_factory=dict)
-    counters: dict[tuple[str, str, str], Counter[str]] = field(default_factory=dict)
+    shared: dict[tuple[str, str, str], dict[str, Decimal]] = field(default_factory=dict)
+    counters: dict[tuple[str, str, str], dict[str, Decimal]] = field(default_factory=dict)
 
     def add(self, device: Published, share: Mapping[str, Decimal] | None, sign: int = 1) -> None:
         """Note (``sign`` -1: forget) one non-admin allocation of ``device``."""
@@ -98,16 +100,12 @@ class Usage:
         if share is None:
             (self.whole.add if sign > 0 else self.whole.discard)(key)
         else:
-            used = self.shared.setdefault(key, Counter())
-            for name, amount in share.items():
-                used[name] += sign * amount  # type: ignore[assignment]
+            _add(self.shared.setdefault(key, {}), share, sign)
         before = self.holders[key]
         self.holders[key] += sign
         if (before == 0) != (self.holders[key] == 0):  # counters go with a device's first holder
             for counter_set, counters in device.consumes.items():
-                used = self.counters.setdefault((device.driver, device.pool, counter_set), Counter())
-                for name, amount in counters.items():
-                    used[name] += sign * amount  # type: ignore[assignment]
+                _add(self.counters.setdefault((device.driver, device.pool, counter_set), {}), counters, sign)
 
     def free(self, device: Published) -> bool:
         """Whether a new non-admin allocation may have ``device`` (a share where it allows them)."""
@@ -123,16 +121,24 @@ class Usage:
             return True
         for counter_set, counters in device.consumes.items():
             key = (device.driver, device.pool, counter_set)
-            held, used = sets.get(key), self.counters.get(key, Counter())
+            held, used = sets.get(key), self.counters.get(key, {})
             if held is None:
                 return False
-            if any(name not in held or used[name] + amount > held[name] for name, amount in counters.items()):
+            if any(
+                name not in held or used.get(name, 0) + amount > held[name]
+                for name, amount in counters.items()
+            ):
                 return False
         return True
 
     def capacity_fits(self, device: Published, share: Mapping[str, Decimal]) -> bool:
-        used = self.shared.get(device.key, Counter())
-        return all(used[name] + amount <= device.capacity[name] for name, amount in share.items())
+        used = self.shared.get(device.key, {})
+        return all(used.get(name, 0) + amount <= device.capacity[name] for name, amount in share.items())
+
+
+def _add(used: dict[str, Decimal], amounts: Mapping[str, Decimal], sign: int) -> None:
+    for name, amount in amounts.items():
+        used[name] = used.get(name, Decimal(0)) + sign * amount
 
 
 def usage(found: Inventory, claims: Iterable[ClaimAllocation]) -> Usage:
@@ -252,6 +258,7 @@ class Search:
         self.stuck = 0
         """The furthest request the search reached: the one that failed, when it fails."""
         self._suits: dict[tuple[str, tuple[str, str, str]], bool] = {}
+        self._variables: dict[tuple[str, str, str], celtypes.MapType] = {}
 
     def run(self) -> bool:
         return self._request(0)
@@ -280,7 +287,9 @@ class Search:
                 for name, asked in choice.capacity.items()
             ):
                 return False
-        variable = device_variable(device.driver, device.entry)
+        variable = self._variables.get(device.key)
+        if variable is None:
+            variable = self._variables[device.key] = device_variable(device.driver, device.entry)
         for index, selector in enumerate(choice.selectors):
             try:
                 if not selector.matches(variable):
