@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from allocations import RECORD, Manifest, Pods, record, recorded, release, scheduled
+from allocations import RECORD, Manifest, Pods, record, record_refusal, recorded, release, scheduled
 
 from devicehost.standin.allocator import CANNOT_ALLOCATE
 from devicehost.standin.apiserver import ApiServerStandIn, Unschedulable
@@ -94,14 +94,18 @@ def run(cluster: ApiServerStandIn, scenario: str, pods: list[str]) -> Pods:
     return {pod: scheduled(cluster, manifest, pod) for pod in pods}
 
 
-def refused(cluster: ApiServerStandIn, manifest: Manifest, pod: str) -> str:
+def refused(cluster: ApiServerStandIn, manifest: Manifest, pod: str, scenario: str = "") -> str:
+    """The stand-in's refusal of the pod's claims; the cluster's FailedScheduling message for it,
+    where an e2e run recorded one, begins with it."""
     with pytest.raises(Unschedulable) as refusal:
         scheduled(cluster, manifest, pod)
+    for run in recorded(scenario or manifest.name, "refused"):
+        if pod in run:
+            assert run[pod].startswith(str(refusal.value)), f"the cluster said {run[pod]!r}"
     return str(refusal.value)
 
 
 EIGHT = {"dra-example": {"num_gpus": 8}}
-GPU = "gpu.example.com"
 
 REFERENCE = [
     ("gpu-one-per-pod", {"pod0": {"gpu": [["gpu", "gpu-0"]]}, "pod1": {"gpu": [["gpu", "gpu-1"]]}}),
@@ -167,10 +171,15 @@ async def test_two_claims_share_one_gpu_and_a_third_beyond_its_memory_waits() ->
     shares = [cluster.claims[("dra-shares", f"shared-gpu-pod{i}")].devices[0] for i in range(2)]
     assert [dict(s.consumed) for s in shares] == [{"memory": "16Gi", "compute": "20"}] * 2
     assert shares[0].share_id != shares[1].share_id
-    big = {"devices": {"requests": [{"name": "dev", "exactly": {
-        "deviceClassName": GPU, "capacity": {"requests": {"memory": "60Gi", "compute": "20"}}}}]}}  # fmt: skip
-    with pytest.raises(Unschedulable, match=r"^0/1 nodes are available: 1 cannot allocate all claims\.$"):
-        cluster.allocate_claim(big, namespace="dra-shares", name="third")
+    # as the e2e test makes it: gpu-pod0's claim for 60Gi instead of 16Gi, for too-big-pod
+    manifest = Manifest("dra-shares")
+    too_big = copy.deepcopy(manifest.of("ResourceClaim")["shared-gpu-pod0"])
+    too_big["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "60Gi"
+    manifest.docs.append({**too_big, "metadata": {"name": "too-big"}})
+    pod = copy.deepcopy(manifest.of("Pod")["gpu-pod0"])
+    pod["spec"]["resourceClaims"][0]["resourceClaimName"] = "too-big"
+    manifest.docs.append({**pod, "metadata": {"name": "too-big-pod"}})
+    assert refused(cluster, manifest, "too-big-pod", "dra-shares gpu") == CANNOT_ALLOCATE
 
 
 async def test_two_claims_share_one_nic_each_with_its_bandwidth() -> None:
@@ -306,3 +315,22 @@ def test_a_recorded_run_of_the_cluster_is_compared(tmp_path: Path, monkeypatch: 
         AssertionError, match=r"the cluster allocated \{'pod0': \{'gpu': \[\['gpu', 'gpu-1'\]\]\}\}"
     ):
         compare("gpu-one-per-pod", got, got)
+
+
+def test_a_recorded_refusal_of_the_cluster_is_compared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kit = SimpleNamespace(notes=[])
+    cluster, manifest = ApiServerStandIn(), Manifest("gpu-one-per-pod")
+    cluster.classes["gpu.example.com"] = yaml.safe_load((DEPLOY / "deviceclass.yaml").read_text())
+    monkeypatch.setenv(RECORD, str(tmp_path / "taints.jsonl"))
+    record_refusal(kit, manifest.name, "pod0", "0/1 nodes are available: 1 node(s) had untolerated taint.")
+    with pytest.raises(AssertionError, match="the cluster said '0/1 nodes are available: 1 node"):
+        refused(cluster, manifest, "pod0")
+    monkeypatch.setenv(RECORD, str(tmp_path / "claims.jsonl"))
+    said = (
+        f"{CANNOT_ALLOCATE} preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+    )
+    record_refusal(kit, manifest.name, "pod0", said)
+    assert refused(cluster, manifest, "pod0") == CANNOT_ALLOCATE
+    assert kit.notes[-1] == f"refusal gpu-one-per-pod pod0: {said}"

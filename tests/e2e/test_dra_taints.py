@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
-from allocations import observed, record
+from allocations import observed, record, record_refusal
 from drahost import (
     DraHost,
     container_env,
@@ -238,6 +238,7 @@ def test_noschedule_keeps_the_running_pod_and_holds_new_ones(kit: Kit, host: Dra
             time.monotonic() - started, 2
         )
         note(kit, f"{name} pod-no-schedule FailedScheduling ({GPUS - 1} GPUs free, all tainted): {message}")
+        record_refusal(kit, name, "pod-no-schedule", message)
         found = pods(kit, name)
         assert found["pod-no-schedule"]["status"].get("phase") == "Pending", found["pod-no-schedule"][
             "status"
@@ -281,6 +282,7 @@ def test_a_rule_naming_one_device_taints_only_that_device(kit: Kit, host: DraHos
         assert other != "gpu-2", other
         message = first_event(kit, name, "pod-gpu-2", "FailedScheduling")
         note(kit, f"{name} pod-gpu-2 FailedScheduling (gpu-2 of pool {pool} tainted): {message}")
+        record_refusal(kit, name, "pod-gpu-2", message)
         assert pods(kit, name)["pod-gpu-2"]["status"].get("phase") == "Pending"
 
         started = time.monotonic()
@@ -467,6 +469,7 @@ def test_an_unhealthy_device_is_published_with_a_taint_until_it_recovers(
         message = first_event(kit, name, "pod-intolerant", "FailedScheduling")
         kit.timings[f"dra-taints {name}: pod-intolerant applied -> FailedScheduling"] = since(started)
         note(kit, f"{name} pod-intolerant FailedScheduling (gizmo-1 tainted, free): {message}")
+        record_refusal(kit, name, "pod-intolerant", message)
         found = pods(kit, name)["pod-intolerant"]
         assert found["status"].get("phase") == "Pending", found["status"]
         assert not found["spec"].get("nodeName"), found["spec"]

@@ -4,7 +4,8 @@ A scenario is a manifest of tests/e2e/manifests: its pods name ResourceClaims or
 allocation is, by pod, each of the pod's claim entries with the (request, device) of every
 result: ``{"pod0": {"gpu": [["gpu", "gpu-0"]]}}``. :func:`observed` reads it from the cluster
 (the e2e suite), :func:`scheduled` makes it on the stand-in API server (the stand-in's scenario
-tests), and :func:`record` keeps what the cluster did: in the session's notes and, when
+tests), and :func:`record` (:func:`record_refusal`: a FailedScheduling message) keeps what the
+cluster did: in the session's notes and, when
 ``DEVICEHOST_E2E_ALLOCATIONS`` names a file, as a JSON line there that :func:`recorded` reads
 back, so the stand-in's tests compare against the real cluster's last run.
 """
@@ -101,16 +102,27 @@ def observed(kit: Any, namespace: str, pods: list[str], driver: str) -> Pods:
 def record(kit: Any, scenario: str, pods: Pods) -> None:
     """Keep what the cluster allocated in ``scenario``: in the notes, and in the record file."""
     kit.notes.append(f"allocation {scenario}: {json.dumps(pods, sort_keys=True)}")
+    _write({"scenario": scenario, "pods": pods})
+
+
+def record_refusal(kit: Any, scenario: str, pod: str, message: str) -> None:
+    """Keep the scheduler's FailedScheduling message for ``pod`` in ``scenario``."""
+    kit.notes.append(f"refusal {scenario} {pod}: {message}")
+    _write({"scenario": scenario, "refused": {pod: message}})
+
+
+def _write(line: dict[str, Any]) -> None:
     path = os.environ.get(RECORD)
     if path:
         with open(path, "a") as out:
-            out.write(json.dumps({"scenario": scenario, "pods": pods}, sort_keys=True) + "\n")
+            out.write(json.dumps(line, sort_keys=True) + "\n")
 
 
-def recorded(scenario: str) -> list[Pods]:
-    """What the real cluster allocated in ``scenario`` in the run the record file holds, in order."""
+def recorded(scenario: str, what: str = "pods") -> list[Any]:
+    """What the real cluster allocated (``what`` "refused": refused, by pod) in ``scenario`` in
+    the run the record file holds, in order."""
     path = os.environ.get(RECORD)
     if not path or not Path(path).exists():
         return []
     lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [line["pods"] for line in lines if line["scenario"] == scenario]
+    return [line[what] for line in lines if line["scenario"] == scenario and what in line]
