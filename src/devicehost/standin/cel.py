@@ -204,6 +204,9 @@ class Selector:
 
 
 def _said(exc: Exception) -> str:
+    """What went wrong: a function's own error where celpy wrapped one (its third argument)."""
+    if len(exc.args) == 3 and isinstance(exc.args[2], tuple) and exc.args[2]:
+        return str(exc.args[2][0])
     return str(exc.args[0]) if exc.args else type(exc).__name__
 
 
