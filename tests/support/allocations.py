@@ -47,33 +47,28 @@ def _claim_entries(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def scheduled(cluster: ApiServerStandIn, manifest: Manifest, pod: str) -> dict[str, list[list[str]]]:
-    """Allocate the pod's claims on the stand-in as the scheduler would place the pod (a shared
-    claim once, a template's claim as ``<pod>-<entry>``); what each entry got.
+    """Allocate the pod's claims on the stand-in as the scheduler places the pod: those not yet
+    allocated together (a template's claim as ``<pod>-<entry>``, a named claim once for all its
+    pods); what each entry got.
 
-    :raises Unschedulable: a claim cannot be allocated (the pod's claims allocated so far are let go).
+    :raises Unschedulable: the claims cannot be allocated (none is).
     """
-    got: dict[str, list[list[str]]] = {}
-    made: list[tuple[str, str]] = []
-    namespace = manifest.namespace
-    try:
-        for entry in _claim_entries(manifest.of("Pod")[pod]):
-            if "resourceClaimName" in entry:
-                name = entry["resourceClaimName"]
-                spec = manifest.of("ResourceClaim")[name]["spec"]
-            else:
-                name = f"{pod}-{entry['name']}"
-                spec = manifest.of("ResourceClaimTemplate")[entry["resourceClaimTemplateName"]]["spec"][
-                    "spec"
-                ]
-            if (namespace, name) not in cluster.claims:
-                cluster.allocate_claim(spec, namespace=namespace, name=name)
-                made.append((namespace, name))
-            got[entry["name"]] = [[d.request, d.device] for d in cluster.claims[(namespace, name)].devices]
-    except Exception:
-        for key in made:
-            cluster.claims.pop(key)
-        raise
-    return got
+    namespace, names, new = manifest.namespace, {}, []
+    for entry in _claim_entries(manifest.of("Pod")[pod]):
+        if "resourceClaimName" in entry:
+            name = entry["resourceClaimName"]
+            spec = manifest.of("ResourceClaim")[name]["spec"]
+        else:
+            name = f"{pod}-{entry['name']}"
+            spec = manifest.of("ResourceClaimTemplate")[entry["resourceClaimTemplateName"]]["spec"]["spec"]
+        names[entry["name"]] = name
+        if (namespace, name) not in cluster.claims:
+            new.append((name, spec))
+    cluster.allocate_claims(new, namespace=namespace)
+    return {
+        entry: [[d.request, d.device] for d in cluster.claims[(namespace, name)].devices]
+        for entry, name in names.items()
+    }
 
 
 def release(cluster: ApiServerStandIn, manifest: Manifest, pod: str) -> None:

@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, OpaqueConfig
-from devicehost.standin.allocator import CANNOT_ALLOCATE, Allocation, Unschedulable, allocate
+from devicehost.standin.allocator import (
+    CANNOT_ALLOCATE,
+    Allocation,
+    Unschedulable,
+    allocate,
+    allocate_together,
+)
 from devicehost.standin.scheduling import driver_class
 
 DRIVER = "gpu.example.com"
@@ -480,3 +486,24 @@ def test_all_devices_of_a_pool_being_rewritten_are_not_given_out() -> None:
         == "request gpu: asks for all devices, but resource pool node-a is currently being updated"
     )
     assert names(scene.take(claim(exactly()))) == [("gpu", "gpu-0")]
+
+
+def test_the_claims_of_one_pod_are_allocated_together_or_not_at_all() -> None:
+    scene = Scene([slice_of([gpu(0), gpu(1)])])
+    any_gpu = claim(exactly())
+    first = claim(exactly(selectors=[cel("device.attributes['gpu.example.com'].index == 0")]))
+    both = allocate_together([any_gpu, first], slices=scene.slices, classes=scene.classes)
+    assert [names(a) for a in both] == [
+        [("gpu", "gpu-1")],
+        [("gpu", "gpu-0")],
+    ]  # one at a time: gpu-0, then none
+    with pytest.raises(Unschedulable):
+        allocate_together([any_gpu, first, any_gpu], slices=scene.slices, classes=scene.classes)
+    same = {"constraints": [{"matchAttribute": "gpu.example.com/index"}]}
+    own = allocate_together(
+        [claim(exactly(), **same), claim(exactly(), **same)], slices=scene.slices, classes=scene.classes
+    )
+    assert [names(a) for a in own] == [
+        [("gpu", "gpu-0")],
+        [("gpu", "gpu-1")],
+    ]  # each claim's constraints its own

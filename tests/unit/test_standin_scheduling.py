@@ -99,3 +99,22 @@ def test_the_claim_shows_a_shares_id_and_what_it_took() -> None:
     ]
     with pytest.raises(Unschedulable):
         cluster.allocate(DRIVER, consumed={"memory": "5Gi"})  # 4Gi of 8Gi taken
+
+
+def test_a_pods_claims_are_allocated_together_or_none_is() -> None:
+    cluster = published(*gpus(2))
+    cluster.classes[DRIVER] = {
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}
+    }
+    first = claim_spec(DRIVER) | {}
+    first["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": "device.attributes['gpu.example.com'].index == 0"}}
+    ]
+    refs = cluster.allocate_claims([("any", claim_spec(DRIVER)), ("first", first)])
+    assert [[d.device for d in cluster.claims[(ns, name)].devices] for ns, _, name in refs] == [
+        ["gpu-1"],
+        ["gpu-0"],
+    ]
+    with pytest.raises(Unschedulable):
+        cluster.allocate_claims([("", claim_spec(DRIVER)), ("", claim_spec(DRIVER))])
+    assert len(cluster.claims) == 2

@@ -12,7 +12,8 @@ allow multiple allocations (a new share, its capacity by the request policies of
 overdrawn by the devices all claims hold; no device with a NoSchedule or NoExecute taint (in its
 slice or from a DeviceTaintRule) that the request does not tolerate. It searches as the scheduler
 does, backtracking over devices and subrequests in the order published, and refuses with the
-message of the scheduler's event (:class:`Unschedulable`).
+message of the scheduler's event (:class:`Unschedulable`). :func:`allocate_together` allocates
+the claims of one pod at once, as the scheduler does: all of them or none.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from devicehost.standin.capacity import consumption
 from devicehost.standin.cel import Selector, SelectorError, compile_selector, device_variable
 from devicehost.standin.inventory import Inventory, Published, inventory
 
-__all__ = ["CANNOT_ALLOCATE", "Allocation", "Unschedulable", "allocate"]
+__all__ = ["CANNOT_ALLOCATE", "Allocation", "Unschedulable", "allocate", "allocate_together"]
 
 CANNOT_ALLOCATE = "0/1 nodes are available: 1 cannot allocate all claims."
 """The scheduler's FailedScheduling message when the node's devices cannot satisfy the claims."""
@@ -74,6 +75,8 @@ class Choice:
     admin: bool
     tolerations: tuple[Mapping[str, Any], ...]
     capacity: Mapping[str, str]
+    claim: int = 0
+    """Which of the claims allocated together it is of."""
 
 
 @dataclass
@@ -155,7 +158,7 @@ def usage(found: Inventory, claims: Iterable[ClaimAllocation]) -> Usage:
 
 
 def _choice(
-    name: str, request: str, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
+    name: str, request: str, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], claim: int
 ) -> Choice:
     class_name = str(body.get("deviceClassName", ""))
     if class_name not in classes:
@@ -182,20 +185,24 @@ def _choice(
         bool(body.get("adminAccess", False)),
         tuple(body.get("tolerations") or ()),
         dict((body.get("capacity") or {}).get("requests") or {}),
+        claim,
     )
 
 
-def choices(spec: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[list[Choice]]:
-    """Each request of the claim's ``spec`` as the choices that satisfy it, in order of preference."""
+def choices(
+    spec: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], claim: int = 0
+) -> list[list[Choice]]:
+    """Each request of the claim's ``spec`` (the ``claim``-th allocated together) as the choices
+    that satisfy it, in order of preference."""
     found = []
     for request in (spec.get("devices") or {}).get("requests") or ():
         name = request["name"]
         if "firstAvailable" in request:
             found.append(
-                [_choice(f"{name}/{s['name']}", name, s, classes) for s in request["firstAvailable"]]
+                [_choice(f"{name}/{s['name']}", name, s, classes, claim) for s in request["firstAvailable"]]
             )
         else:
-            found.append([_choice(name, name, request.get("exactly") or {}, classes)])
+            found.append([_choice(name, name, request.get("exactly") or {}, classes, claim)])
     return found
 
 
@@ -221,9 +228,12 @@ class Constraint:
     requests: frozenset[str]
     attribute: str
     distinct: bool
+    claim: int = 0
     values: list[tuple[str, Any]] = field(default_factory=list)
 
     def covers(self, choice: Choice) -> bool:
+        if choice.claim != self.claim:
+            return False
         return not self.requests or bool({choice.request, choice.name} & self.requests)
 
     def admits(self, value: tuple[str, Any] | None) -> bool:
@@ -234,20 +244,20 @@ class Constraint:
         return not self.values or self.values[0] == value
 
 
-def constraints(spec: Mapping[str, Any]) -> list[Constraint]:
-    """The claim's constraints."""
+def constraints(spec: Mapping[str, Any], claim: int = 0) -> list[Constraint]:
+    """The constraints of the claim's ``spec`` (the ``claim``-th allocated together)."""
     found = []
     for body in (spec.get("devices") or {}).get("constraints") or ():
         requests = frozenset(body.get("requests") or ())
         if body.get("matchAttribute"):
-            found.append(Constraint(requests, body["matchAttribute"], False))
+            found.append(Constraint(requests, body["matchAttribute"], False, claim))
         elif body.get("distinctAttribute"):
-            found.append(Constraint(requests, body["distinctAttribute"], True))
+            found.append(Constraint(requests, body["distinctAttribute"], True, claim))
     return found
 
 
 class Search:
-    """The backtracking search for one claim's devices."""
+    """The backtracking search for the devices of the claims allocated together."""
 
     def __init__(
         self, requests: Sequence[Sequence[Choice]], found: Inventory, held: Usage, bound: Sequence[Constraint]
@@ -257,7 +267,7 @@ class Search:
         self.tries = 0
         self.stuck = 0
         """The furthest request the search reached: the one that failed, when it fails."""
-        self._suits: dict[tuple[str, tuple[str, str, str]], bool] = {}
+        self._suits: dict[tuple[int, str, tuple[str, str, str]], bool] = {}
         self._variables: dict[tuple[str, str, str], celtypes.MapType] = {}
 
     def run(self) -> bool:
@@ -268,7 +278,7 @@ class Search:
         return [d for d in self.found.devices if self._suitable(choice, d)]
 
     def _suitable(self, choice: Choice, device: Published) -> bool:
-        key = (choice.name, device.key)
+        key = (choice.claim, choice.name, device.key)
         if key not in self._suits:
             self._suits[key] = self._judge(choice, device)
         return self._suits[key]
@@ -379,9 +389,8 @@ class Search:
 
 
 def _configs(
-    spec: Mapping[str, Any], requests: Sequence[Sequence[Choice]], picks: Sequence[Pick],
-    classes: Mapping[str, Mapping[str, Any]],
-) -> tuple[OpaqueConfig, ...]:  # fmt: skip
+    spec: Mapping[str, Any], picks: Sequence[Pick], classes: Mapping[str, Mapping[str, Any]]
+) -> tuple[OpaqueConfig, ...]:
     """The allocation's opaque configs: each class's (for the requests that used it), then the claim's."""
     used: dict[str, list[str]] = {}
     for pick in picks:
@@ -421,23 +430,47 @@ def allocate(
     :param taint_rules: the DeviceTaintRules (as JSON).
     :raises Unschedulable: the scheduler would not allocate it, with its event's message.
     """
-    requests = choices(spec, classes)
+    (allocation,) = allocate_together(
+        [spec], slices=slices, classes=classes, claims=claims, taint_rules=taint_rules, node=node,
+        share_id=share_id,
+    )  # fmt: skip
+    return allocation
+
+
+def allocate_together(
+    specs: Sequence[Mapping[str, Any]],
+    *,
+    slices: Iterable[Mapping[str, Any]],
+    classes: Mapping[str, Mapping[str, Any]],
+    claims: Iterable[ClaimAllocation] = (),
+    taint_rules: Iterable[Mapping[str, Any]] = (),
+    node: str | None = None,
+    share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+) -> list[Allocation]:
+    """Allocate the claims of one pod (their ``specs``) together, as the scheduler does: every
+    one or none; their allocations in order. Parameters as for :func:`allocate`."""
+    requests = [r for index, spec in enumerate(specs) for r in choices(spec, classes, index)]
     found = inventory(slices, taint_rules, node)
-    search = Search(requests, found, usage(found, claims), constraints(spec))
+    bound = [c for index, spec in enumerate(specs) for c in constraints(spec, index)]
+    search = Search(requests, found, usage(found, claims), bound)
     if not search.run():
         stuck = requests[search.stuck] if search.stuck < len(requests) else []
         why = "; ".join(f"request {c.name}: {len(search.candidates(c))} devices match" for c in stuck)
-        raise Unschedulable(CANNOT_ALLOCATE, why or "the claim's constraints cannot all be met")
-    devices = tuple(
-        AllocatedDevice(
-            p.choice.name,
-            p.device.driver,
-            p.device.pool,
-            p.device.name,
-            p.choice.admin,
-            share_id() if p.share is not None else "",
-            {k: v[1] for k, v in (p.share or {}).items()},
+        raise Unschedulable(CANNOT_ALLOCATE, why or "the claims' constraints cannot all be met")
+    allocations = []
+    for index, spec in enumerate(specs):
+        picks = [p for p in search.picks if p.choice.claim == index]
+        devices = tuple(
+            AllocatedDevice(
+                p.choice.name,
+                p.device.driver,
+                p.device.pool,
+                p.device.name,
+                p.choice.admin,
+                share_id() if p.share is not None else "",
+                {k: v[1] for k, v in (p.share or {}).items()},
+            )
+            for p in picks
         )
-        for p in search.picks
-    )
-    return Allocation(devices, _configs(spec, requests, search.picks, classes))
+        allocations.append(Allocation(devices, _configs(spec, picks, classes)))
+    return allocations

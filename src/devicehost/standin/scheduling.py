@@ -3,8 +3,9 @@
 :class:`Scheduling` is the part of :class:`~devicehost.standin.apiserver.ApiServerStandIn` that
 allocates claims from its stored slices as the scheduler does (:mod:`devicehost.standin.allocator`):
 :meth:`~Scheduling.allocate_claim` takes a ResourceClaim's ``spec`` as a test or a manifest writes
-it; :meth:`~Scheduling.allocate` builds one (:func:`claim_spec`) from a driver and a count, the
-short form tests and ``--simulate-kubelet`` use.
+it (:meth:`~Scheduling.allocate_claims`: those of one pod, together); :meth:`~Scheduling.allocate`
+builds one (:func:`claim_spec`) from a driver and a count, the short form tests and
+``--simulate-kubelet`` use.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devicehost.resourceapi import ClaimAllocation
-from devicehost.standin.allocator import Unschedulable, allocate
+from devicehost.standin.allocator import Unschedulable, allocate_together
 
 __all__ = ["Scheduling", "Unschedulable", "claim_spec", "driver_class"]
 
@@ -81,18 +82,38 @@ class Scheduling:
 
         :raises Unschedulable: the scheduler would not allocate it, with its event's message.
         """
+        (ref,) = self.allocate_claims([(name, spec)], namespace=namespace, classes=classes, devices=devices)
+        return ref
+
+    def allocate_claims(
+        self,
+        named: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        namespace: str = "default",
+        classes: Mapping[str, Mapping[str, Any]] | None = None,
+        devices: Sequence[str] = (),
+    ) -> list[tuple[str, str, str]]:
+        """Allocate new claims of one pod together, as the scheduler does: all of them or none;
+        ``named`` are their (name, spec) ("": a generated name), the result their (namespace,
+        uid, name) in order.
+
+        :raises Unschedulable: the scheduler would not allocate them, with its event's message.
+        """
         slices = [_only(body, devices) for body in self.stored.values()] if devices else self.stored.values()
-        allocation = allocate(
-            spec,
+        allocations = allocate_together(
+            [spec for _, spec in named],
             slices=slices,
             classes=self.classes if classes is None else classes,
             claims=self.claims.values(),
             taint_rules=self.taint_rules.values(),
         )
-        uid = str(uuid.uuid4())
-        name = name or f"claim-{uid[:8]}"
-        self.claims[(namespace, name)] = ClaimAllocation(uid, allocation.devices, allocation.configs)
-        return namespace, uid, name
+        refs = []
+        for (name, _), allocation in zip(named, allocations, strict=True):
+            uid = str(uuid.uuid4())
+            name = name or f"claim-{uid[:8]}"
+            self.claims[(namespace, name)] = ClaimAllocation(uid, allocation.devices, allocation.configs)
+            refs.append((namespace, uid, name))
+        return refs
 
 
 def driver_class(driver: str) -> dict[str, Any]:
