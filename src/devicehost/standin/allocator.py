@@ -86,6 +86,11 @@ class Pick:
     choice: Choice
     device: Published
     share: dict[str, tuple[Decimal, str]] | None = None
+    """What a share of the device takes of each capacity (amount, as text); None: taken whole."""
+
+    @property
+    def amounts(self) -> dict[str, Decimal] | None:
+        return None if self.share is None else {name: amount for name, (amount, _) in self.share.items()}
 
 
 @dataclass
@@ -229,7 +234,8 @@ class Constraint:
     attribute: str
     distinct: bool
     claim: int = 0
-    values: list[tuple[str, Any]] = field(default_factory=list)
+    values: list[tuple[str, Any] | None] = field(default_factory=list)
+    """The values of the devices taken under it (never None: :meth:`admits` refuses a device without)."""
 
     def covers(self, choice: Choice) -> bool:
         if choice.claim != self.claim:
@@ -357,8 +363,9 @@ class Search:
         self.tries += 1
         if self.tries > SEARCH_LIMIT:
             raise Unschedulable(CANNOT_ALLOCATE, f"the search gave up after {SEARCH_LIMIT} devices tried")
-        value = device.attribute
-        if not all(c.admits(value(c.attribute)) for c in self.bound if c.covers(choice)):
+        covering = [c for c in self.bound if c.covers(choice)]
+        values = [device.attribute(c.attribute) for c in covering]
+        if not all(c.admits(v) for c, v in zip(covering, values, strict=True)):
             return False
         pick = Pick(choice, device)
         if not choice.admin:
@@ -366,23 +373,18 @@ class Search:
                 return False
             if device.multiple:
                 pick.share = consumption(device.entry.get("capacity") or {}, choice.capacity)
-                amounts = {k: v[0] for k, v in (pick.share or {}).items()}
-                if pick.share is None or not self.held.capacity_fits(device, amounts):
+                if pick.amounts is None or not self.held.capacity_fits(device, pick.amounts):
                     return False
-            self.held.add(
-                device, {k: v[0] for k, v in pick.share.items()} if pick.share is not None else None
-            )
-        for constraint in self.bound:
-            if constraint.covers(choice):
-                constraint.values.append(value(constraint.attribute))  # type: ignore[arg-type]
+            self.held.add(device, pick.amounts)
+        for constraint, value in zip(covering, values, strict=True):
+            constraint.values.append(value)
         self.picks.append(pick)
         return True
 
     def _drop(self) -> None:
         pick = self.picks.pop()
         if not pick.choice.admin:
-            share = {k: v[0] for k, v in pick.share.items()} if pick.share is not None else None
-            self.held.add(pick.device, share, -1)
+            self.held.add(pick.device, pick.amounts, -1)
         for constraint in self.bound:
             if constraint.covers(pick.choice):
                 constraint.values.pop()
