@@ -24,6 +24,7 @@ from devicehost.resourceapi import (
     Conflict,
     NotFound,
 )
+from devicehost.standin.capacity import consumption
 from devicehost.standin.claimstatus import ClaimStatuses, published
 from devicehost.standin.scheduling import Scheduling, Unschedulable, claim_spec
 
@@ -147,13 +148,15 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
 def share_of(
     device: Mapping[str, Any], consumed: Mapping[str, str] | None = None
 ) -> tuple[str, dict[str, str]]:
-    """A new share ID and what the share takes (``consumed``, the rest at each capacity's request
-    policy default, else all of it) of the published ``device`` that allows multiple allocations,
-    as the scheduler allocates it; ("", {}) for one taken whole."""
+    """A new share ID and what the share takes of the published ``device`` that allows multiple
+    allocations for ``consumed`` (capacity requests), by its request policies as the scheduler
+    computes it (:func:`devicehost.standin.capacity.consumption`); ("", {}) for one taken whole.
+
+    :raises ValueError: the device cannot give a share of ``consumed``.
+    """
     if not device.get("allowMultipleAllocations"):
         return "", {}
-    taken = {
-        name: str((capacity.get("requestPolicy") or {}).get("default", capacity["value"]))
-        for name, capacity in (device.get("capacity") or {}).items()
-    }
-    return str(uuid.uuid4()), {**taken, **(consumed or {})}
+    taken = consumption(device.get("capacity") or {}, consumed or {})
+    if taken is None:
+        raise ValueError(f"device {device.get('name')!r} cannot give a share of {dict(consumed or {})}")
+    return str(uuid.uuid4()), {name: text for name, (_, text) in taken.items()}
