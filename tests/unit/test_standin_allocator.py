@@ -507,3 +507,15 @@ def test_the_claims_of_one_pod_are_allocated_together_or_not_at_all() -> None:
         [("gpu", "gpu-0")],
         [("gpu", "gpu-1")],
     ]  # each claim's constraints its own
+
+
+def test_a_claims_devices_are_all_on_one_node_the_first_where_they_fit() -> None:
+    scene = Scene([slice_of([gpu(0)], name="a", pool="node-a"), slice_of([gpu(1)], name="b", pool="node-b")])
+    scene.slices[1]["spec"]["nodeName"] = "node-b"
+    refusal = scene.refused(claim(exactly(count=2)))
+    assert str(refusal) == "0/2 nodes are available: 2 cannot allocate all claims."
+    assert (
+        refusal.why == "node node-a: request gpu: 1 devices match; node node-b: request gpu: 1 devices match"
+    )
+    assert [(d.pool, d.device) for d in scene.take(claim(exactly())).devices] == [("node-a", "gpu-0")]
+    assert [(d.pool, d.device) for d in scene.take(claim(exactly())).devices] == [("node-b", "gpu-1")]

@@ -33,14 +33,31 @@ from devicehost.standin.capacity import consumption
 from devicehost.standin.cel import Selector, SelectorError, compile_selector, device_variable
 from devicehost.standin.inventory import Inventory, Published, inventory
 
-__all__ = ["CANNOT_ALLOCATE", "Allocation", "Unschedulable", "allocate", "allocate_together"]
+__all__ = [
+    "CANNOT_ALLOCATE",
+    "Allocation",
+    "Unschedulable",
+    "allocate",
+    "allocate_together",
+    "cannot_allocate",
+]
 
-CANNOT_ALLOCATE = "0/1 nodes are available: 1 cannot allocate all claims."
+
+def cannot_allocate(nodes: int) -> str:
+    """The scheduler's FailedScheduling message when no one of ``nodes`` can satisfy the claims."""
+    return f"0/{nodes} nodes are available: {nodes} cannot allocate all claims."
+
+
+CANNOT_ALLOCATE = cannot_allocate(1)
 """The scheduler's FailedScheduling message when the node's devices cannot satisfy the claims."""
 SEARCH_LIMIT = 100_000
 """Devices tried before the search gives up (the real scheduler bounds its search in time)."""
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 """The taint effects that keep a device from a request that does not tolerate them."""
+
+
+class Exhausted(Exception):
+    """The search tried :data:`SEARCH_LIMIT` devices on a node without an answer."""
 
 
 class Unschedulable(Exception):
@@ -362,7 +379,7 @@ class Search:
         """Take ``device`` for ``choice`` where every rule allows it."""
         self.tries += 1
         if self.tries > SEARCH_LIMIT:
-            raise Unschedulable(CANNOT_ALLOCATE, f"the search gave up after {SEARCH_LIMIT} devices tried")
+            raise Exhausted(f"the search gave up after {SEARCH_LIMIT} devices tried")
         covering = [c for c in self.bound if c.covers(choice)]
         values = [device.attribute(c.attribute) for c in covering]
         if not all(c.admits(v) for c, v in zip(covering, values, strict=True)):
@@ -450,18 +467,38 @@ def allocate_together(
     share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
 ) -> list[Allocation]:
     """Allocate the claims of one pod (their ``specs``) together, as the scheduler does: every
-    one or none; their allocations in order. Parameters as for :func:`allocate`."""
+    one or none, all on one node (``node``, else the first of the slices' nodes, by name, where
+    they fit); their allocations in order. Parameters as for :func:`allocate`."""
+    slices, claims, taint_rules = list(slices), list(claims), list(taint_rules)
     requests = [r for index, spec in enumerate(specs) for r in choices(spec, classes, index)]
-    found = inventory(slices, taint_rules, node)
-    bound = [c for index, spec in enumerate(specs) for c in constraints(spec, index)]
-    search = Search(requests, found, usage(found, claims), bound)
-    if not search.run():
-        stuck = requests[search.stuck] if search.stuck < len(requests) else []
-        why = "; ".join(f"request {c.name}: {len(search.candidates(c))} devices match" for c in stuck)
-        raise Unschedulable(CANNOT_ALLOCATE, why or "the claims' constraints cannot all be met")
+    nodes = (
+        [node] if node is not None else sorted({s["spec"].get("nodeName") for s in slices} - {None}) or [None]
+    )
+    whys = []
+    for name in nodes:
+        found = inventory(slices, taint_rules, name)
+        bound = [c for index, spec in enumerate(specs) for c in constraints(spec, index)]
+        search = Search(requests, found, usage(found, claims), bound)
+        try:
+            if search.run():
+                return _allocations(specs, search.picks, classes, share_id)
+            stuck = requests[search.stuck] if search.stuck < len(requests) else []
+            why = "; ".join(f"request {c.name}: {len(search.candidates(c))} devices match" for c in stuck)
+        except Exhausted as exc:
+            why = str(exc)
+        why = why or "the claims' constraints cannot all be met"
+        whys.append(f"node {name}: {why}" if name is not None and len(nodes) > 1 else why)
+    raise Unschedulable(cannot_allocate(len(nodes)), "; ".join(whys))
+
+
+def _allocations(
+    specs: Sequence[Mapping[str, Any]], picks: Sequence[Pick], classes: Mapping[str, Mapping[str, Any]],
+    share_id: Callable[[], str],
+) -> list[Allocation]:  # fmt: skip
+    """Each claim's allocation of the search's ``picks``."""
     allocations = []
     for index, spec in enumerate(specs):
-        picks = [p for p in search.picks if p.choice.claim == index]
+        mine = [p for p in picks if p.choice.claim == index]
         devices = tuple(
             AllocatedDevice(
                 p.choice.name,
@@ -472,7 +509,7 @@ def allocate_together(
                 share_id() if p.share is not None else "",
                 {k: v[1] for k, v in (p.share or {}).items()},
             )
-            for p in picks
+            for p in mine
         )
-        allocations.append(Allocation(devices, _configs(spec, picks, classes)))
+        allocations.append(Allocation(devices, _configs(spec, mine, classes)))
     return allocations
