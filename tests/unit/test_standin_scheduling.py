@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from devicehost.standin.apiserver import ApiServerStandIn, Unschedulable, claim_spec
+from devicehost.standin.scheduling import driver_class
 from devicehost.testing.cluster import CANNOT_ALLOCATE, ClusterStandIn
 
 DRIVER = "gpu.example.com"
@@ -118,3 +119,14 @@ def test_a_pods_claims_are_allocated_together_or_none_is() -> None:
     with pytest.raises(Unschedulable):
         cluster.allocate_claims([("", claim_spec(DRIVER)), ("", claim_spec(DRIVER))])
     assert len(cluster.claims) == 2
+
+
+def test_a_claim_is_allocated_on_the_node_asked_for() -> None:
+    cluster = published(*gpus(1))
+    other = {**cluster.stored["n-gpu"], "metadata": {"name": "m-gpu"}}
+    other["spec"] = {**other["spec"], "nodeName": "m", "pool": {"name": "m/gpu", "generation": 1}}
+    cluster.stored["m-gpu"] = other
+    ns, _, name = cluster.allocate_claim(claim_spec(DRIVER), classes={DRIVER: driver_class(DRIVER)}, node="m")
+    assert [d.pool for d in cluster.claims[(ns, name)].devices] == ["m/gpu"]
+    with pytest.raises(Unschedulable, match=re.escape("0/1 nodes are available")):
+        cluster.allocate_claim(claim_spec(DRIVER), classes={DRIVER: driver_class(DRIVER)}, node="m")

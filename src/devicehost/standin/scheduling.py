@@ -75,14 +75,18 @@ class Scheduling:
         name: str = "",
         classes: Mapping[str, Mapping[str, Any]] | None = None,
         devices: Sequence[str] = (),
+        node: str | None = None,
     ) -> tuple[str, str, str]:
         """Allocate a new claim of ``spec`` (a ResourceClaim's ``spec``, as JSON) from the stored
-        slices, :attr:`classes` (or ``classes``) and :attr:`taint_rules`, as the scheduler does;
-        its (namespace, uid, name). ``devices``: as for :meth:`allocate`.
+        slices, :attr:`classes` (or ``classes``) and :attr:`taint_rules`, as the scheduler does
+        (on ``node``; None: the first node where it fits); its (namespace, uid, name).
+        ``devices``: as for :meth:`allocate`.
 
         :raises Unschedulable: the scheduler would not allocate it, with its event's message.
         """
-        (ref,) = self.allocate_claims([(name, spec)], namespace=namespace, classes=classes, devices=devices)
+        (ref,) = self.allocate_claims(
+            [(name, spec)], namespace=namespace, classes=classes, devices=devices, node=node
+        )
         return ref
 
     def allocate_claims(
@@ -92,10 +96,11 @@ class Scheduling:
         namespace: str = "default",
         classes: Mapping[str, Mapping[str, Any]] | None = None,
         devices: Sequence[str] = (),
+        node: str | None = None,
     ) -> list[tuple[str, str, str]]:
         """Allocate new claims of one pod together, as the scheduler does: all of them or none;
         ``named`` are their (name, spec) ("": a generated name), the result their (namespace,
-        uid, name) in order.
+        uid, name) in order. Other parameters as for :meth:`allocate_claim`.
 
         :raises Unschedulable: the scheduler would not allocate them, with its event's message.
         """
@@ -106,6 +111,7 @@ class Scheduling:
             classes=self.classes if classes is None else classes,
             claims=self.claims.values(),
             taint_rules=self.taint_rules.values(),
+            node=node,
         )
         refs = []
         for (name, _), allocation in zip(named, allocations, strict=True):
