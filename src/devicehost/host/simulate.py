@@ -26,7 +26,7 @@ from google.protobuf import json_format
 
 from devicehost.host.app import run_host
 from devicehost.standin import AdmissionError, DraCallError, DraDevice, EventKind, KubeletStandIn
-from devicehost.standin.apiserver import ApiServerStandIn
+from devicehost.standin.apiserver import ApiServerStandIn, Unschedulable
 from devicehost.standin.events import COMPONENT
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ async def _sample_claim(
         ref = apiserver.allocate(
             driver, namespace=SAMPLE_NAMESPACE, name=f"sample-{driver}", request="sample"
         )
-    except (TimeoutError, AssertionError) as exc:
+    except (TimeoutError, Unschedulable) as exc:
         log.error("sample claim not allocated: no device published", **labels, error=str(exc) or "timed out")
         return
     claim = f"{ref[0]}/{ref[2]}"

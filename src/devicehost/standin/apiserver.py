@@ -1,12 +1,12 @@
 """An in-memory API server and scheduler for DRA: what the host publishes, and claims on it.
 
 :class:`ApiServerStandIn` keeps ResourceSlices as the host writes them and allocates claims from
-them the way the scheduler would for a simple request (``count`` devices of one driver, none
-given to another claim; a subrequest, an admin-access claim and opaque configuration when asked
-for), so a claim's whole life runs without a cluster: ``devicehost run --simulate-kubelet``
-serves DRA resources against it, and the test kit and the conformance suite drive claims on it.
-It answers the calls of the host's ``Cluster`` seam (:mod:`devicehost.host.dra.cluster`) with the
-values of :mod:`devicehost.resourceapi`, and imports nothing of the host. Claims as JSON, their
+them as the scheduler does (:mod:`devicehost.standin.scheduling`, with DeviceClasses and
+DeviceTaintRules; the rules are :mod:`devicehost.standin.allocator`'s), so a claim's whole
+life runs without a cluster: ``devicehost run --simulate-kubelet`` serves DRA resources against
+it, and the test kit and the conformance suite drive claims on it. It answers the calls of the
+host's ``Cluster`` seam (:mod:`devicehost.host.dra.cluster`) with the values of
+:mod:`devicehost.resourceapi`, and imports nothing of the host. Claims as JSON, their
 ``status.devices`` and a watch of them are :mod:`devicehost.standin.claimstatus`'s.
 """
 
@@ -15,23 +15,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from devicehost.resourceapi import (
-    AllocatedDevice,
     ClaimAllocation,
     ClusterError,
     Conflict,
     NotFound,
-    OpaqueConfig,
 )
+from devicehost.standin.capacity import consumption
 from devicehost.standin.claimstatus import ClaimStatuses, published
+from devicehost.standin.scheduling import Scheduling, Unschedulable, claim_spec
+
+__all__ = ["NODE_UID", "ApiServerStandIn", "Unschedulable", "claim_spec", "share_of"]
 
 NODE_UID = "0f0f0f0f-node-uid"
 
 
-class ApiServerStandIn(ClaimStatuses):
+class ApiServerStandIn(ClaimStatuses, Scheduling):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
 
     def __init__(self) -> None:
@@ -119,42 +121,6 @@ class ApiServerStandIn(ClaimStatuses):
         """(pool, device) of every published device of ``driver``, slice by slice."""
         return list(published(self.stored, driver))
 
-    def allocate(
-        self,
-        driver: str,
-        count: int = 1,
-        *,
-        namespace: str = "default",
-        name: str = "",
-        request: str = "req",
-        config: Mapping[str, Any] | None = None,
-        admin_access: bool = False,
-        devices: Sequence[str] = (),
-        consumed: Mapping[str, str] | None = None,
-    ) -> tuple[str, str, str]:
-        """Allocate ``count`` free devices of ``driver`` to a new claim; its (namespace, uid, name).
-
-        ``request`` may be ``request/subrequest`` (a prioritized list's choice); ``config`` is the
-        claim's opaque parameters for ``driver`` and the request; an ``admin_access`` claim may
-        take devices other claims hold; ``devices`` names the ones to take. Of a device that
-        allows multiple allocations the claim gets a new share (:func:`share_of`, ``consumed``).
-        """
-        entries = published(self.stored, driver)
-        free = free_devices(entries, self.claims.values(), admin_access, devices)
-        if len(free) < count:
-            raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
-        uid = str(uuid.uuid4())
-        name = name or f"claim-{uid[:8]}"
-        chosen = tuple(
-            AllocatedDevice(
-                request, driver, pool, device, admin_access, *share_of(entries[pool, device], consumed)
-            )
-            for pool, device in free[:count]
-        )
-        configs = (OpaqueConfig(driver, config, (request.partition("/")[0],)),) if config is not None else ()
-        self.claims[(namespace, name)] = ClaimAllocation(uid, chosen, configs)
-        return namespace, uid, name
-
     async def wait(self, predicate: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109
         """Wait until ``predicate(self)`` is true, checking after every change."""
         async with asyncio.timeout(timeout):
@@ -179,33 +145,18 @@ class ApiServerStandIn(ClaimStatuses):
             raise ClusterError(self.down)
 
 
-def free_devices(
-    entries: Mapping[tuple[str, str], Mapping[str, Any]],
-    claims: Iterable[ClaimAllocation],
-    admin_access: bool,
-    devices: Sequence[str],
-) -> list[tuple[str, str]]:
-    """(pool, device) of the published ``entries`` a new claim may take: those no claim holds
-    whole (any, for ``admin_access``; a shared one always), of ``devices`` when named."""
-    taken = {(d.pool, d.device) for c in claims for d in c.devices if not d.admin_access}
-    return [
-        d
-        for d, entry in entries.items()
-        if (admin_access or d not in taken or entry.get("allowMultipleAllocations"))
-        and (not devices or d[1] in devices)
-    ]
-
-
 def share_of(
     device: Mapping[str, Any], consumed: Mapping[str, str] | None = None
 ) -> tuple[str, dict[str, str]]:
-    """A new share ID and what the share takes (``consumed``, the rest at each capacity's request
-    policy default, else all of it) of the published ``device`` that allows multiple allocations,
-    as the scheduler allocates it; ("", {}) for one taken whole."""
+    """A new share ID and what the share takes of the published ``device`` that allows multiple
+    allocations for ``consumed`` (capacity requests), by its request policies as the scheduler
+    computes it (:func:`devicehost.standin.capacity.consumption`); ("", {}) for one taken whole.
+
+    :raises ValueError: the device cannot give a share of ``consumed``.
+    """
     if not device.get("allowMultipleAllocations"):
         return "", {}
-    taken = {
-        name: str((capacity.get("requestPolicy") or {}).get("default", capacity["value"]))
-        for name, capacity in (device.get("capacity") or {}).items()
-    }
-    return str(uuid.uuid4()), {**taken, **(consumed or {})}
+    taken = consumption(device.get("capacity") or {}, consumed or {})
+    if taken is None:
+        raise ValueError(f"device {device.get('name')!r} cannot give a share of {dict(consumed or {})}")
+    return str(uuid.uuid4()), {name: text for name, (_, text) in taken.items()}
