@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Health, Share
+from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Share
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
-from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, claim_request, located
+from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, Request, requests_of
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
+from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 from devicehost.host.dra.specs import ClaimSpecs
 
@@ -135,8 +135,8 @@ class Claims:
     async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
         namespace, uid, name = read.namespace, read.uid, read.name
         kind = self.specs.kind(uid)
-        picked = pick(read.devices_of(self._driver), self._resources, self._device_plugin_holds, self.tainted)
-        devices, spec_devices = await self._allocate(kind, read, picked)
+        asked = requests_of(read, self._driver, self._resources, self._device_plugin_holds, self.tainted)
+        devices, spec_devices = await self._allocate(kind, asked)
         if spec_devices:
             try:
                 self.specs.write(uid, spec_devices)
@@ -156,25 +156,24 @@ class Claims:
         return claim
 
     async def _allocate(
-        self, kind: str, allocation: ClaimAllocation, picked: Mapping[tuple[str, str], list[Found]]
+        self, kind: str, requests: Sequence[Request]
     ) -> tuple[list[PreparedDevice], list[cdi.Device]]:
         """One allocate call per resource and request; what is allocated is released again if a
         later call fails. Each request's first device carries the CDI IDs its containers get."""
         devices: list[PreparedDevice] = []
         spec_devices: list[cdi.Device] = []
-        claim = (f"{allocation.namespace}/{allocation.name}", allocation.uid)
-        for (resource, request), chosen in picked.items():
-            attached = self._resources[resource]
+        for resource, attached, chosen, asked in requests:
             ids = tuple(p.device.id for p in chosen)
             try:
-                asked = claim_request(allocation, self._driver, request, chosen)
                 given = await attached.server.backend.allocate(resource, ids, asked)
-            except (HookError, ClaimRefused) as exc:
-                await self._release(devices, "a later allocation of the claim failed", claim)
+            except HookError as exc:
+                await self._release(
+                    devices, "a later allocation of the claim failed", (asked.claim, asked.uid)
+                )
                 raise ClaimRefused(str(exc)) from None
-            spec_device, cdi_ids = cdi_answer(kind, request, resource, given)
+            spec_device, cdi_ids = cdi_answer(kind, asked.name, resource, given)
             spec_devices.extend([spec_device] if spec_device else [])
-            devices.extend(prepared_devices(request, attached.pool, resource, chosen, cdi_ids))
+            devices.extend(prepared_devices(asked.name, attached.pool, resource, chosen, cdi_ids))
         return devices, spec_devices
 
     async def _release(
@@ -347,32 +346,6 @@ def refusal(read: BaseException, claim: str) -> ClaimRefused:
     if isinstance(read, ClaimRefused):
         return read
     return ClaimRefused(f"reading ResourceClaim {claim}: {read!r}")
-
-
-def pick(
-    allocated: Sequence[AllocatedDevice],
-    resources: Mapping[str, Attached],
-    device_plugin_holds: Callable[[str], frozenset[str]],
-    tainted: bool = False,
-) -> dict[tuple[str, str], list[Found]]:
-    """The allocated devices by (resource, request), each found and checked; an unhealthy one only
-    where it is ``tainted`` (published with a taint the claim must have tolerated)."""
-    picked: dict[tuple[str, str], list[Found]] = {}
-    for device, attached, found in located(allocated, resources):
-        if attached is None:
-            raise ClaimRefused(f"pool {device.pool!r} is not served by this host")
-        if found is None:
-            raise ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
-        if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
-            raise ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
-        resource = attached.server.name
-        if found.id in device_plugin_holds(resource):
-            raise ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
-        same = picked.setdefault((resource, device.request), [])
-        if any(p.allocated.device == device.device for p in same):
-            raise ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
-        same.append(Found(device, attached, found))
-    return picked
 
 
 def _say_annotations_dropped(allocation: ContainerAllocation) -> None:
