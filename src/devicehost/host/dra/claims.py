@@ -5,7 +5,7 @@ per resource and request for the claim's devices (with the request's name, its o
 configuration checked by the backend's model, and its admin access), writes what that gave as a
 CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
 before answering; asked again, it answers the same. Unprepare calls the release hook for the
-claim's devices that no other prepared claim holds (an admin-access claim may share a device
+claim's devices that no other prepared claim takes (an admin-access claim may share a device
 with a normal one), removes the spec and forgets the claim. While prepared, a device is
 advertised Unhealthy to the device plugin side, so a resource served through both APIs never
 hands one device out twice.
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-HOLD = "dra"
-"""The reason prepared devices are held on the device plugin side."""
+MASK_REASON = "dra"
+"""Why prepared claims' devices are masked on the device plugin side."""
 READS = 16
 """ResourceClaims read from the API server at once for one driver."""
 READ_TIMEOUT = 10.0
@@ -147,8 +147,8 @@ class Claims:
                 raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
         claim = PreparedClaim(uid, namespace, name, tuple(devices))
         self.checkpoint.add(claim)
-        for resource, held in claim.by_resource().items():
-            hold(self._resources[resource].server, held, True)
+        for resource, ids in claim.by_resource().items():
+            mask(self._resources[resource].server, ids, True)
         self.prepared += 1
         self.log.info(
             "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
@@ -191,7 +191,7 @@ class Claims:
         self.checkpoint.remove(uid)
         still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():
-            hold(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
+            mask(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
 
 
@@ -237,7 +237,7 @@ async def release_free(
     but: str,
     log: structlog.typing.FilteringBoundLogger,
 ) -> None:
-    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds, and
+    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) takes, and
     for every share among them (a share is the claim's own; ``claim`` is its name and UID).
 
     Used when a failed prepare gives back what it allocated (failures are logged: the claim
@@ -259,11 +259,11 @@ async def release_free(
 
 
 def release_calls(
-    devices: Collection[PreparedDevice], held: Collection[tuple[str, str]], claim: tuple[str, str]
+    devices: Collection[PreparedDevice], taken: Collection[tuple[str, str]], claim: tuple[str, str]
 ) -> list[tuple[str, tuple[str, ...], ClaimRequest | None]]:
     """The release hook's calls for ``devices``: one per resource for the whole devices no other
-    claim ``held``, then one per resource and request for the shares, with their claim request."""
-    whole = by_resource(d for d in devices if not d.share and (d.resource, d.device_id) not in held)
+    claim has ``taken``, then one per resource and request for the shares, with their claim request."""
+    whole = by_resource(d for d in devices if not d.share and (d.resource, d.device_id) not in taken)
     calls: list[tuple[str, tuple[str, ...], ClaimRequest | None]] = [
         (resource, ids, None) for resource, ids in whole.items()
     ]
@@ -282,34 +282,34 @@ def release_calls(
 async def owned(
     lock: asyncio.Lock, checkpoint: Checkpoint, resources: Mapping[str, Attached]
 ) -> AsyncIterator[None]:
-    """One kubelet call's hold of the checkpoint (``lock``: one call of this host at a time): as
+    """One kubelet call owning the checkpoint (``lock``: one call of this host at a time): as
     the file has it, written once at the end (:meth:`Checkpoint.owned`). Another instance of the
     driver (a rolling update) may have prepared or unprepared claims meanwhile: the device plugin
-    side's holds follow."""
+    side's masks follow."""
     async with lock:
         before = checkpoint.held()
         async with checkpoint.owned():
             after = checkpoint.held()
-            for holding, changed in ((True, after - before), (False, before - after)):
+            for masked, changed in ((True, after - before), (False, before - after)):
                 for resource, ids in by_resource_ids(changed).items():
                     if resource in resources:
-                        hold(resources[resource].server, ids, holding)
+                        mask(resources[resource].server, ids, masked)
             yield
 
 
-def by_resource_ids(held: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+def by_resource_ids(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     """(resource, device ID) pairs as device IDs by resource, sorted."""
     grouped: dict[str, list[str]] = {}
-    for resource, device_id in sorted(held):
+    for resource, device_id in sorted(pairs):
         grouped.setdefault(resource, []).append(device_id)
     return grouped
 
 
-def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
-    """Advertise ``ids`` Unhealthy on the device plugin side while claims hold them (or stop); a
+def mask(server: ResourceServer, ids: Collection[str], masked: bool) -> None:
+    """Advertise ``ids`` Unhealthy on the device plugin side while prepared claims take them (or stop); a
     resource served through DRA only has no such side, and its table is left as it is."""
     if server.device_plugin:
-        server.table.hold(ids, HOLD, holding)
+        server.table.hold(ids, MASK_REASON, masked)
 
 
 async def read_bounded(

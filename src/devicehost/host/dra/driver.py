@@ -31,7 +31,7 @@ from devicehost.host.dra import names
 from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
-from devicehost.host.dra.claims import Claims, hold
+from devicehost.host.dra.claims import Claims, mask
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import (
@@ -210,8 +210,8 @@ class DraDriver:
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
-        held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
-        hold(server, held, True)  # prepared before a restart too
+        taken = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
+        mask(server, taken, True)  # prepared before a restart too
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Prepare the claims, then write the status of those prepared (the device status hook),
