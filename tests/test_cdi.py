@@ -277,6 +277,20 @@ def test_remove_is_idempotent_and_leaves_other_kinds(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [other]
 
 
+def test_move_puts_the_same_spec_in_the_new_dir_and_none_in_the_old(tmp_path: Path) -> None:
+    written = cdi.write_spec(widget_spec(), tmp_path / "old")
+    before = written.read_text()
+    assert cdi.move_spec(KIND, tmp_path / "old", tmp_path / "new")
+    assert list((tmp_path / "old").iterdir()) == []
+    (moved,) = (tmp_path / "new").iterdir()
+    assert (moved.name, moved.read_text(), stat.S_IMODE(moved.stat().st_mode)) == (
+        written.name,
+        before,
+        0o644,
+    )
+    assert not cdi.move_spec(KIND, tmp_path / "old", tmp_path / "new")  # nothing left to move
+
+
 def test_no_directory_means_the_default_one(default_dir: Path) -> None:
     path = cdi.write_spec(widget_spec())
     assert path.parent == default_dir

@@ -15,9 +15,11 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 import structlog
 from drafakes import dra_host, dra_root
+from waiting import eventually
 
 import devicehost
 from devicehost import (
@@ -33,7 +35,7 @@ from devicehost.hookspecs import rules
 from devicehost.host.backends.backend import AnswerRefused, Backend
 from devicehost.host.daemon import Host
 from devicehost.host.dra.claim_status import entry, merged
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, OpaqueConfig
 from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint
 
 DRIVER = "example.org"
@@ -163,7 +165,7 @@ async def test_after_prepare_the_status_holds_network_data_beside_other_drivers(
         ref = claim(cluster, "n0", other=True)
         await cluster.wait(lambda c: c.bindable(*ref[::2]))
         theirs = {"driver": "gpu.example.com", "pool": "n/gpu", "device": "gpu-0", "data": {"theirs": True}}
-        body = await cluster.claim_object(ref[0], ref[2])
+        body = cluster.claim_body(ref[0], ref[2])
         body["status"]["devices"].append(theirs)
         await cluster.replace_claim_status(body)
         (socket,) = (root / "registry").glob("devicehost-example.org-*.sock")
@@ -247,11 +249,12 @@ def test_device_status_rules() -> None:
 
 
 def test_a_condition_keeps_its_transition_time_while_its_status_stays() -> None:
-    result = {"driver": DRIVER, "pool": POOL, "device": "n0", "request": "nic"}
+    result = {"driver": DRIVER, "pool": POOL, "device": "n0"}
+    device = AllocatedDevice("nic", DRIVER, POOL, "n0")
     up = DeviceStatus(conditions={ATTACHED: DeviceCondition(status=True, reason="Attached", message="up")})
     earlier = {**result, "conditions": [{"type": ATTACHED, "status": "True", "reason": "Attaching",
                                           "message": "", "lastTransitionTime": "2020-01-01T00:00:00Z"}]}  # fmt: skip
-    written = entry(result, up, earlier)
+    written = entry(device, up, earlier)
     assert "request" not in written
     (kept,) = written["conditions"]
     assert (kept["reason"], kept["message"], kept["lastTransitionTime"]) == (
@@ -260,10 +263,47 @@ def test_a_condition_keeps_its_transition_time_while_its_status_stays() -> None:
         "2020-01-01T00:00:00Z",
     )
     down = DeviceStatus(conditions={ATTACHED: DeviceCondition(status=False, reason="LinkDown")})
-    assert entry(result, down, written)["conditions"][0]["lastTransitionTime"] != "2020-01-01T00:00:00Z"
+    assert entry(device, down, written)["conditions"][0]["lastTransitionTime"] != "2020-01-01T00:00:00Z"
     other = {"driver": "x.org", "pool": "p", "device": "d"}
     assert merged([other, earlier], [written]) == [other, written]
     assert merged([other], [written]) == [other, written]
+
+
+class StrictNics(Nics):
+    """:class:`Nics` whose claim configuration model takes only ``mtu``."""
+
+    @devicehost.hookimpl
+    def devicehost_claim_config_model(self) -> Any:
+        return NicConfig
+
+
+class NicConfig(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    mtu: int = 1500
+
+
+async def test_a_configuration_the_backend_refuses_fails_the_claim_in_status_as_in_prepare(
+    root: Path,
+) -> None:
+    backend, cluster = StrictNics(), ClusterStandIn()
+    with structlog.testing.capture_logs() as logs:
+        async with host_of(root, backend, cluster):
+            await cluster.wait(lambda c: bool(c.stored))
+            ref = ("default", "uid-bad", "bad")
+            bad = (OpaqueConfig(DRIVER, {"speed": "fast"}),)
+            cluster.claims[ref[::2]] = ClaimAllocation(
+                ref[1], (AllocatedDevice("nic", DRIVER, POOL, "n0"),), bad
+            )
+            await eventually(
+                lambda: any(e["event"] == "binding conditions not written" for e in logs), "refused"
+            )
+            (socket,) = (root / "registry").glob("devicehost-example.org-*.sock")
+            answer = await prepare((await registered_endpoint(socket)).endpoint, [ref])
+    assert "parameters.speed" in answer.claims[ref[1]].error  # the one rule: the claim fails
+    (said,) = [e for e in logs if e["event"] == "binding conditions not written"]
+    assert "parameters.speed" in said["error"]
+    assert backend.asked == []  # never asked with a configuration it refuses, nor with None
+    assert cluster.device_statuses(*ref[::2]) == []
 
 
 class FlakyWatch(ClusterStandIn):
@@ -274,7 +314,7 @@ class FlakyWatch(ClusterStandIn):
         self.refusals = refusals
         self.watches = 0
 
-    async def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def claim_events(self) -> AsyncIterator[tuple[str, ClaimAllocation]]:
         self.watches += 1
         if self.watches <= self.refusals:
             raise ClusterError(f"watching ResourceClaims: 410 Gone: too old resource version: {self.watches}")
@@ -291,7 +331,7 @@ async def test_a_refused_claim_watch_is_retried_with_backoff_and_said_once(root:
             await cluster.wait(lambda c: condition(c, ref, "n0") is not None, timeout=10)
     events = [entry["event"] for entry in logs]
     assert cluster.watches == 3  # two refused, then one that works: no spin
-    assert events.count("watching ResourceClaims for binding conditions failed; retrying with backoff") == 1
+    assert events.count("watching ResourceClaims for binding conditions failed, retrying with backoff") == 1
     assert events.count("watching ResourceClaims for binding conditions again") == 1
 
 

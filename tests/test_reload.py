@@ -7,15 +7,23 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from waiting import eventually
 
+import devicehost
+from devicehost import cdi
 from devicehost.host.app import running
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import HostConfig, build_config
 from devicehost.host.daemon import Host
+from devicehost.host.kubelet.client import KubeletClient
+from devicehost.host.serving.kubelet_registrar import KubeletRegistration
+from devicehost.testing import running_host
+from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
+from devicehost.testing.host import beside_kubelet
 from devicehost.testing.kubelet import EventKind, KubeletStandIn
 
 pytestmark = pytest.mark.timeout(60)
@@ -195,44 +203,132 @@ async def test_cdi_specs_follow_a_reload_so_every_allocated_name_is_defined(
     assert not list(cdi_dir.glob("*.json"))
 
 
+async def test_a_reload_of_cdi_dir_alone_moves_the_example_backends_spec(
+    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path
+) -> None:
+    """The backend is told the new cdi_dir (devicehost_host_facts) though its settings stay."""
+    config_file, widget = short_tmp / "config.yaml", "example.com/widget"
+
+    def publish(cdi_dir: Path) -> None:
+        config = example_config(plugin_dir, {widget: 2}, cdi_dir=str(cdi_dir))
+        config["backends"] = {"example": {"resources": {widget: 2}, "cdi": True}}
+        config_file.write_text(yaml.safe_dump(config))
+
+    publish(short_tmp / "old")
+    async with host_from_file(config_file) as host:
+        await kubelet.wait_for_resource(widget, healthy=2)
+        assert len(defined_cdi_names(short_tmp / "old")) == 2
+        publish(short_tmp / "new")
+        host.request_reload()
+        await eventually(lambda: not list((short_tmp / "old").glob("*.json")), "the old spec removed")
+        assert defined_cdi_names(short_tmp / "new") == {f"{widget}=widget-0", f"{widget}=widget-1"}
+
+
+class Reporter:
+    """One resource served through DRA and the device plugin API: records the host facts it is
+    told, ``cdi.default_dir()`` inside its allocate hook, and each health poll."""
+
+    def __init__(self) -> None:
+        self.told: list[devicehost.HostFacts] = []
+        self.default_dirs: list[Path] = []
+        self.polls = 0
+
+    @devicehost.hookimpl
+    def devicehost_host_facts(self, facts: devicehost.HostFacts) -> None:
+        self.told.append(facts)
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[devicehost.Resource]:
+        return [devicehost.Resource(WIDGET, tuple(devicehost.Device(f"w{i}") for i in range(4)))]
+
+    @devicehost.hookimpl
+    def devicehost_health(self) -> dict[str, devicehost.Health]:
+        self.polls += 1
+        return {}
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self, device_ids: tuple[str, ...]) -> devicehost.ContainerAllocation:
+        self.default_dirs.append(cdi.default_dir())
+        return devicehost.ContainerAllocation(envs={"WIDGETS": ",".join(device_ids)})
+
+
+WIDGET = "example.com/widget"
 IN_PLACE_VALUES: dict[str, object] = {
     "rediscover_interval": 0.2,
-    "health_interval": 0.7,
+    "health_interval": 0.05,
     "hook_timeout": 3.5,
     "register_timeout": 2.5,
-    "cdi_dir": "/tmp/dh-reloaded-cdi",
+    "cdi_dir": "cdi-new",
 }
 """A new value for every in-place setting but the backends' own three, which the tests above
-reload (enable, disable, new settings)."""
+reload (enable, disable, new settings); ``cdi_dir`` is under the test's dir."""
 
 
-async def test_every_in_place_setting_reaches_the_running_host(
+async def test_every_in_place_setting_reaches_the_part_that_uses_it(
     kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path
 ) -> None:
     from devicehost.host.config import IN_PLACE, on_reload
 
     in_place = {key for key in HostConfig.model_fields if on_reload(key) == IN_PLACE}
     assert in_place == set(IN_PLACE_VALUES) | {"enabled_backends", "disabled_backends", "backends"}
-    config_file = short_tmp / "config.yaml"
-    config_file.write_text(yaml.safe_dump(example_config(plugin_dir, {"example.com/a": 2})))
-    async with host_from_file(config_file) as host:
-        await kubelet.wait_for_resource("example.com/a", healthy=2)
-        config_file.write_text(
-            yaml.safe_dump(example_config(plugin_dir, {"example.com/a": 2}, **IN_PLACE_VALUES))
-        )
+    (short_tmp / "registry").mkdir()
+    old_dir, new_dir = short_tmp / "cdi-old", short_tmp / "cdi-new"
+    settings: dict[str, Any] = {
+        "enabled_backends": ("example",),  # an installed backend's name: the reload keeps it loaded
+        "serve_through": {"example": "both"},
+        "node_name": "n",
+        "dra_plugins_dir": short_tmp / "plugins",
+        "plugins_registry_dir": short_tmp / "registry",
+        "cdi_dir": old_dir,
+        "health_interval": 30.0,
+    }
+    reloaded = {**settings, **IN_PLACE_VALUES, "cdi_dir": new_dir, "device_plugins_dir": plugin_dir}
+    reloaded["pod_resources_socket"] = beside_kubelet(plugin_dir)
+    reporter, cluster = Reporter(), ClusterStandIn()
+    async with running_host(
+        plugin_dir,
+        {"example": reporter},
+        reload_config=lambda: HostConfig(**reloaded),
+        cluster=cluster,
+        **settings,
+    ) as host:
+        await kubelet.wait_for_resource(WIDGET, healthy=4)
+        (socket,) = (short_tmp / "registry").glob("devicehost-example.com-*.sock")
+        endpoint = (await registered_endpoint(socket)).endpoint
+        before = cluster.allocate("example.com", 1, name="before")
+        assert not (await prepare(endpoint, [before])).claims[before[1]].error
+        assert claim_spec(old_dir, before).exists()
         host.request_reload()
         await eventually(lambda: host.config.rediscover_interval == 0.2, "the reload")
-        for key, value in IN_PLACE_VALUES.items():
-            assert str(getattr(host.config, key)) == str(value), key
-        server = host.resources["example.com/a"]
-        assert server.health_interval == 0.7
+        # cdi_dir: the DRA side writes, moves and removes its claims' specs in the new dir ...
+        after = cluster.allocate("example.com", 1, name="after")
+        assert not (await prepare(endpoint, [after])).claims[after[1]].error
+        assert claim_spec(new_dir, after).exists()
+        assert claim_spec(new_dir, before).exists()
+        assert not claim_spec(old_dir, before).exists()
+        assert not (await unprepare(endpoint, [before, after])).claims[before[1]].error
+        assert not list(new_dir.glob("*claim*"))
+        assert not list(old_dir.glob("*claim*"))
+        # ... and the backend is told it (and its hooks' default dir is it)
+        assert reporter.told[-1] == devicehost.HostFacts(node_name="n", cdi_dir=new_dir)
+        assert [f.cdi_dir for f in reporter.told] == [old_dir, new_dir]
+        assert reporter.default_dirs == [old_dir, new_dir]
+        # health_interval: the resource's health poll, at once (not after the 30 s it was sleeping)
+        polls = reporter.polls
+        await eventually(lambda: reporter.polls >= polls + 10, "health polls every 0.05 s", within=3)
+        # hook_timeout: each hook call's bound; register_timeout: the Register client's
         (backend,) = host.backends
-        assert backend.hook_timeout == 3.5
-        assert backend.cdi_dir == Path("/tmp/dh-reloaded-cdi")
+        assert backend.link.hook_timeout == 3.5
+        registration = host.serving.registration
+        assert isinstance(registration, KubeletRegistration)
+        assert isinstance(registration.client, KubeletClient)
+        assert registration.client.timeout == 2.5
+        # rediscover_interval: the discovery loop
         discoveries = host.discoveries
         await eventually(lambda: host.discoveries >= discoveries + 3, "discoveries every 0.2 s", within=3)
-        assert host.resources["example.com/a"] is server  # applied in place, not served anew
-        assert kubelet.registrations("example.com/a") == 1
-    from devicehost import cdi
-
+        assert kubelet.registrations(WIDGET) == 1  # all applied in place: nothing served anew
     assert cdi.default_dir() == cdi.DEFAULT_CDI_DIR  # the host's cdi_dir went to its hook calls only
+
+
+def claim_spec(cdi_dir: Path, claim: tuple[str, str, str]) -> Path:
+    return cdi.spec_path(f"example.com/claim-{claim[1]}", cdi_dir)

@@ -43,10 +43,12 @@ __all__ = [
     "Hook",
     "Mount",
     "Spec",
+    "call_in_dir",
     "default_dir",
     "defined_names",
     "edits_from_allocation",
     "kind_problem",
+    "move_spec",
     "qualified_name",
     "remove_spec",
     "set_default_dir",
@@ -75,9 +77,11 @@ def default_dir() -> Path:
     return _host_dir.get() or _default_dir
 
 
-def _call_in_dir(directory: Path, call: Callable[..., Any], /, **kwargs: Any) -> Any:
-    """``call(**kwargs)`` with ``directory`` as :func:`default_dir`; for the host, which runs
-    each hook call in a context of its own (the value never outlives the call)."""
+def call_in_dir(directory: Path, call: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """``call(**kwargs)`` with ``directory`` as :func:`default_dir`, set in the caller's own
+    context only (the value never outlives the call). The host runs each hook call through it
+    with its ``cdi_dir`` (the one it tells the backend in ``HostFacts.cdi_dir``), so a backend
+    that writes specs without naming a dir writes them there too."""
     _host_dir.set(directory)
     return call(**kwargs)
 
@@ -325,11 +329,30 @@ def write_spec(spec: Spec, cdi_dir: str | os.PathLike[str] | None = None) -> Pat
     if problem:
         raise ValueError(problem)
     path = spec_path(spec.kind, cdi_dir)
+    _write_atomically(path, json.dumps(spec.to_dict(), indent=2) + "\n")
+    return path
+
+
+def move_spec(kind: str, source: str | os.PathLike[str], target: str | os.PathLike[str]) -> bool:
+    """Move the spec of ``kind`` from the dir ``source`` to the dir ``target`` (written there as
+    :func:`write_spec` writes, then removed from ``source``); False when ``source`` has none."""
+    old = spec_path(kind, source)
+    try:
+        text = old.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    _write_atomically(spec_path(kind, target), text)
+    remove_spec(kind, source)
+    return True
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``text`` as ``path`` (mode 0644): a synced hidden temporary file beside it, renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(json.dumps(spec.to_dict(), indent=2) + "\n")
+            file.write(text)
             file.flush()
             os.fchmod(file.fileno(), SPEC_MODE)
             os.fsync(file.fileno())
@@ -338,7 +361,6 @@ def write_spec(spec: Spec, cdi_dir: str | os.PathLike[str] | None = None) -> Pat
         Path(temp).unlink(missing_ok=True)
         raise
     _fsync_directory(path.parent)
-    return path
 
 
 def remove_spec(kind: str, cdi_dir: str | os.PathLike[str] | None = None) -> None:

@@ -38,6 +38,15 @@ class AllocatedDevice:
     """The allocation's ``shareID`` on a device that allows multiple allocations; "" otherwise."""
     consumed: Mapping[str, str] = field(default_factory=dict, hash=False)
     """What the share takes of each capacity (``consumedCapacity``), as quantity strings."""
+    binding_conditions: tuple[str, ...] = ()
+    """Conditions the scheduler awaits in the claim's ``status.devices`` before it binds the pod."""
+    binding_failure_conditions: tuple[str, ...] = ()
+    """Conditions that, once True there, make the scheduler give the device up."""
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """(driver, pool, device, share ID): what names its entry in the claim's ``status.devices``."""
+        return self.driver, self.pool, self.device, self.share_id
 
 
 @dataclass(frozen=True)
@@ -54,11 +63,27 @@ class OpaqueConfig:
 
 @dataclass(frozen=True)
 class ClaimAllocation:
-    """A ResourceClaim as the kubelet plugin reads it: its UID, allocated devices and configuration."""
+    """A ResourceClaim as the host reads it, once per use: its UID, allocated devices and
+    configuration, and the ``status.devices`` it shows (prepare, claim status and binding
+    conditions all read this one model)."""
 
     uid: str
     devices: tuple[AllocatedDevice, ...]
     configs: tuple[OpaqueConfig, ...] = ()
+    namespace: str = ""
+    name: str = ""
+    statuses: tuple[Mapping[str, Any], ...] = field(default=(), hash=False)
+    """Its ``status.devices`` entries, as the API server shows them."""
+    body: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
+    """The claim as read (JSON, with its resourceVersion): what a status write sends back."""
+
+    def devices_of(self, driver: str) -> tuple[AllocatedDevice, ...]:
+        """Its allocated devices of ``driver``."""
+        return tuple(d for d in self.devices if d.driver == driver)
+
+    def status_of(self, device: AllocatedDevice) -> Mapping[str, Any] | None:
+        """The ``status.devices`` entry of ``device``, if the claim shows one."""
+        return next((s for s in self.statuses if status_key(s) == device.key), None)
 
     def config(self, driver: str, request: str) -> OpaqueConfig | None:
         """The configuration of ``driver`` that applies to ``request``: the last one naming it, its
@@ -70,8 +95,18 @@ class ClaimAllocation:
         return None
 
 
+def status_key(entry: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """(driver, pool, device, share ID) of a ``status.devices`` entry: :attr:`AllocatedDevice.key`."""
+    return (
+        entry.get("driver", ""),
+        entry.get("pool", ""),
+        entry.get("device", ""),
+        entry.get("shareID") or "",
+    )
+
+
 def allocated_device(result: Mapping[str, Any]) -> AllocatedDevice:
-    """One result of a claim's allocation (as JSON): its device, admin access and share."""
+    """One result of a claim's allocation (as JSON): its device, admin access, share and binding conditions."""
     return AllocatedDevice(
         result["request"],
         result["driver"],
@@ -80,15 +115,18 @@ def allocated_device(result: Mapping[str, Any]) -> AllocatedDevice:
         bool(result.get("adminAccess", False)),
         str(result.get("shareID") or ""),
         {str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()},
+        tuple(result.get("bindingConditions") or ()),
+        tuple(result.get("bindingFailureConditions") or ()),
     )
 
 
 def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
-    """A ResourceClaim (as JSON) as the kubelet plugin reads it: UID, devices and opaque configs."""
-    allocation = claim.get("status", {}).get("allocation") or {}
-    devices = allocation.get("devices") or {}
+    """A ResourceClaim (as JSON) as the host reads it: UID, name, devices, opaque configs, status."""
+    status = claim.get("status") or {}
+    devices = (status.get("allocation") or {}).get("devices") or {}
+    meta = claim.get("metadata") or {}
     return ClaimAllocation(
-        str(claim.get("metadata", {}).get("uid", "")),
+        str(meta.get("uid", "")),
         tuple(allocated_device(r) for r in devices.get("results") or ()),
         tuple(
             OpaqueConfig(
@@ -97,6 +135,10 @@ def claim_allocation(claim: Mapping[str, Any]) -> ClaimAllocation:
             for c in devices.get("config") or ()
             if c.get("opaque")
         ),
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        tuple(dict(d) for d in status.get("devices") or ()),
+        claim,
     )
 
 

@@ -22,7 +22,7 @@ import devicehost
 from devicehost import ClaimRequest, ContainerAllocation, Device, Health
 from devicehost.host.backends.backend import Backend
 from devicehost.host.daemon import Host
-from devicehost.host.dra.claims import Attached
+from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.cluster import ClusterError
 from devicehost.host.serving.table import DeviceTable
 from devicehost.testing.cluster import ClusterStandIn

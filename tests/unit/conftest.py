@@ -15,10 +15,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No DEVICEHOST_* variable of the shell running the tests leaks into the config."""
     for name in [n for n in os.environ if n.startswith("DEVICEHOST_")]:
         monkeypatch.delenv(name)
-    # `devicehost run` exports the node name for its backends: one run in this process must not
-    # leave it to the next test (set, then deleted: undone to what it was, whatever the test set)
-    monkeypatch.setenv("DEVICEHOST_NODE_NAME", "")
-    monkeypatch.delenv("DEVICEHOST_NODE_NAME")
 
 
 @pytest.fixture

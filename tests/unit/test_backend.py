@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from waiting import eventually
@@ -19,6 +20,8 @@ from devicehost.host.backends.backend import (
     HookTimeout,
 )
 from devicehost.host.backends.threads import MAX_THREADS_PER_BACKEND
+from devicehost.host.config import HostConfig
+from devicehost.host.context import HostContext
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -103,3 +106,62 @@ async def test_a_cancelled_caller_leaves_the_thread_to_finish_and_frees_it_then(
     hooks.release.set()
     await eventually(lambda: not backend.busy)
     backend.close()
+
+
+class Told:
+    """Records the host facts it is told and, at each discovery, the node it knows."""
+
+    def __init__(self) -> None:
+        self.told: list[devicehost.HostFacts] = []
+        self.discovered_on: list[str] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    @devicehost.hookimpl
+    def devicehost_host_facts(self, facts: devicehost.HostFacts) -> None:
+        self.release.wait(5)
+        self.told.append(facts)
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[Resource]:
+        self.discovered_on.append(self.told[-1].node_name if self.told else "(none)")
+        return []
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self) -> ContainerAllocation:
+        return ContainerAllocation()
+
+
+async def test_a_bound_backend_is_told_the_host_facts_before_its_hooks_and_again_when_they_change(
+    tmp_path: Path,
+) -> None:
+    plugin = Told()
+    backend = Backend("told", plugin, hook_timeout=5.0)
+    try:
+        await backend.discover()
+        assert plugin.told == []  # no host: nothing to tell
+        context = HostContext(HostConfig(node_name="n1", cdi_dir=tmp_path / "a"))
+        backend.link.bind(context)
+        plugin.release.clear()  # calls made together wait for the one telling
+        calls = [asyncio.create_task(backend.discover()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        plugin.release.set()
+        await asyncio.gather(*calls)
+        await backend.discover()
+        assert plugin.told == [devicehost.HostFacts(node_name="n1", cdi_dir=tmp_path / "a")]
+        assert plugin.discovered_on == ["(none)"] + ["n1"] * 4
+        context.config = context.config.model_copy(update={"cdi_dir": tmp_path / "b"})  # a reload
+        await backend.discover()
+        assert [f.cdi_dir for f in plugin.told] == [tmp_path / "a", tmp_path / "b"]
+    finally:
+        backend.close()
+
+
+async def test_a_backend_without_the_facts_hook_keeps_working(hooks: Hooks, tmp_path: Path) -> None:
+    backend = Backend("plain", hooks, hook_timeout=5.0)
+    try:
+        backend.link.bind(HostContext(HostConfig(cdi_dir=tmp_path)))
+        assert backend.link.facts == devicehost.HostFacts(node_name="", cdi_dir=tmp_path)
+        assert await backend.discover() is not None
+    finally:
+        backend.close()

@@ -15,6 +15,8 @@ from devicehost import ContainerAllocation, Device, Resource
 from devicehost.host.backends.backend import Backend, HookTimeout
 from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.backends.loader import UnknownBackendError
+from devicehost.host.config import HostConfig
+from devicehost.host.context import HostContext
 from devicehost.host.state import BackendState
 
 THREAD_EXIT_WAIT = 5.0
@@ -172,14 +174,15 @@ async def test_disable_withdraws_then_closes_the_backend(make: Make) -> None:
     assert [b.name for b in backends] == ["stays"]
 
 
-async def test_set_hook_timeout_applies_to_every_loaded_backend(make: Make) -> None:
+async def test_a_reloaded_hook_timeout_reaches_every_loaded_backend(make: Make) -> None:
     slow = Minimal()
     slow.hang_discover = True
+    context = HostContext(HostConfig(hook_timeout=30.0))
     backends = BackendSet(
-        [make("slow", slow, hook_timeout=30.0), make("other", Minimal(), hook_timeout=30.0)]
+        [make("slow", slow, hook_timeout=30.0), make("other", Minimal(), hook_timeout=30.0)], {}, context
     )
-    backends.set_hook_timeout(0.05)
-    assert [b.hook_timeout for b in backends] == [0.05, 0.05]
+    context.config = context.config.model_copy(update={"hook_timeout": 0.05})  # what a reload does
+    assert [b.link.hook_timeout for b in backends] == [0.05, 0.05]
     with pytest.raises(HookTimeout, match=r"devicehost_discover did not return within 0\.05 s"):
         await backends.loaded["slow"].discover()
 
@@ -252,7 +255,7 @@ async def test_load_configures_and_adds_an_installed_backend(backend_set: Backen
     assert list(backend_set.loaded) == ["example"]
     assert backend_set.failed == {}, "a backend that loads is no longer failed"
     example = backend_set.loaded["example"]
-    assert example.hook_timeout == 1.5
+    assert example.link.hook_timeout == 1.5
     assert [(r.name, len(r.devices)) for r in await example.discover()] == [("example.com/thing", 2)]
 
 

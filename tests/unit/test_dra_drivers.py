@@ -13,6 +13,7 @@ from hostfakes import captured_logs
 
 from devicehost import Device, Resource
 from devicehost.host.config import HostConfig
+from devicehost.host.context import HostContext
 from devicehost.host.dra.drivers import DraDrivers
 from devicehost.host.state import ResourceState
 
@@ -34,7 +35,7 @@ def drivers_of(config: HostConfig, cluster: CountingCluster, made: list[int] | N
             made.append(1)
         return cluster
 
-    return DraDrivers(config, "tok", cluster=make, device_plugin_holds=no_holds)
+    return DraDrivers(HostContext(config), "tok", cluster=make, device_plugin_holds=no_holds)
 
 
 @pytest.mark.parametrize(

@@ -80,6 +80,8 @@ def test_an_allocated_claim_with_admin_access_subrequests_and_configs_in_order()
             OpaqueConfig("example.com", {"n": 2}, ("gpu",)),
             OpaqueConfig("other.org", {}, ("alt",)),
         ),
+        "default",
+        "c",
     )
     assert params(found, "example.com", "gpu") == {"n": 2}  # the claim's after the class's
     assert params(found, "example.com", "mon") == {"n": 1}
@@ -97,7 +99,19 @@ def params(found: ClaimAllocation, driver: str, request: str) -> object:
 )
 def test_a_claim_not_allocated_has_no_devices(devices: dict[str, Any] | None) -> None:
     found = claim_allocation(claim_json(devices))
-    assert found == ClaimAllocation("uid-1", (), ())
+    assert found == ClaimAllocation("uid-1", (), (), "default", "c")
+
+
+def test_one_read_carries_binding_conditions_and_the_status_a_status_write_needs() -> None:
+    result = {"request": "nic", "driver": "example.org", "pool": "n/nic", "device": "n0"}
+    body = claim_json({"results": [result | {"bindingConditions": ["A"], "bindingFailureConditions": ["F"]}]})
+    shown = {"driver": "example.org", "pool": "n/nic", "device": "n0", "conditions": [{"type": "A"}]}
+    body["status"]["devices"] = [shown]
+    found = claim_allocation(body)
+    (device,) = found.devices
+    assert (device.binding_conditions, device.binding_failure_conditions) == (("A",), ("F",))
+    assert found.status_of(device) == shown
+    assert found.body is body  # what a status write sends back, with its resourceVersion
 
 
 def test_a_claim_with_a_null_allocation_has_no_devices() -> None:

@@ -36,6 +36,14 @@ class FakeBackend:
         self.claim_config_model = Model if model else None
         self.configured: list[Mapping[str, Any]] = []
         self.closed = False
+        self.bound_to = ""
+
+    @property
+    def link(self) -> Any:
+        return self
+
+    def bind(self, context: Any) -> None:
+        self.bound_to = context.node_name
 
     async def configure(self, settings: Mapping[str, Any]) -> None:
         self.configured.append(settings)
@@ -96,6 +104,7 @@ async def test_serve_through_and_dra_drivers_of_the_config_are_followed(installe
     )
     assert table.backends == {"widgets.example.com": widget}
     assert table.describe() == {"widgets.example.com": "widget (no model: any parameters)"}
+    assert widget.bound_to == "n"  # told the node as the host tells it
 
 
 async def test_a_backend_that_discovers_nothing_checks_the_drivers_named_for_it(

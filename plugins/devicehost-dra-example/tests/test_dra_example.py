@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+import devicehost
 from devicehost.host.dra.drivers import DraDrivers
 from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
 from devicehost.testing.host import running_host
@@ -178,18 +179,29 @@ def test_through_the_device_plugin_api_it_answers_without_a_claim() -> None:
 
 def test_an_operators_serve_through_wins_over_the_backends_default() -> None:
     from devicehost.host.config import HostConfig
+    from devicehost.host.context import HostContext
 
     (resource,) = DraExampleBackend().devicehost_discover()
     drivers = DraDrivers(
-        HostConfig(serve_through={"dra-example": "both"}, node_name="n"),
+        HostContext(HostConfig(serve_through={"dra-example": "both"}, node_name="n")),
         "t",
         device_plugin_holds=lambda r: frozenset(),
     )
     assert drivers.api("dra-example", resource) == "both"
-    assert (
-        DraDrivers(HostConfig(), "t", device_plugin_holds=lambda r: frozenset()).api("dra-example", resource)
-        == "dra"
-    )
+    plain = DraDrivers(HostContext(HostConfig()), "t", device_plugin_holds=lambda r: frozenset())
+    assert plain.api("dra-example", resource) == "dra"
+
+
+def test_the_node_is_the_one_the_host_tells_unless_a_setting_names_one(tmp_path: Path) -> None:
+    backend = DraExampleBackend()
+    backend.devicehost_configure(Settings(num_gpus=1))
+    backend.devicehost_host_facts(devicehost.HostFacts(node_name="told", cdi_dir=tmp_path))
+    seeded = backend.devicehost_discover()[0].devices[0].attributes["uuid"]
+    answer = backend.devicehost_allocate(RESOURCE, ("gpu-0",), None)
+    assert answer.envs["KUBERNETES_NODE_NAME"] == "told"
+    backend.devicehost_configure(Settings(num_gpus=1, node_name="set"))
+    assert backend.devicehost_allocate(RESOURCE, ("gpu-0",), None).envs["KUBERNETES_NODE_NAME"] == "set"
+    assert backend.devicehost_discover()[0].devices[0].attributes["uuid"] != seeded
 
 
 async def test_partitions_draw_on_their_gpus_shared_counters(root: Path) -> None:

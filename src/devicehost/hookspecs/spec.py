@@ -22,6 +22,7 @@ from devicehost.hookspecs.types import (
     Device,
     DeviceStatus,
     Health,
+    HostFacts,
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
@@ -58,6 +59,19 @@ def devicehost_claim_config_model() -> type[BaseModel] | None:
     this driver) with it: a refusal fails that claim alone, naming the request and the key path,
     and the allocate hook receives the model instance as ``claim.config``. Without a model the
     parameters arrive as a mapping. Set ``extra="forbid"`` to refuse keys the model does not know.
+    """
+
+
+@_hookspec
+def devicehost_host_facts(facts: HostFacts) -> None:
+    """Receive what the host knows of the node: its name and the dirs the backend may write (optional).
+
+    Called before the first other hook call (the settings' dry run included; the two model hooks
+    are asked at load, before it) and again before the next hook call whenever a fact changed (a
+    reload of ``cdi_dir``), so every hook sees the facts of the moment. Keep what you need of them; nothing else of the host reaches a
+    backend (no environment variable, no module state).
+
+    :param facts: the node's name and the host's ``cdi_dir`` (:class:`~devicehost.HostFacts`).
     """
 
 
@@ -175,9 +189,9 @@ def devicehost_release(resource: str, device_ids: tuple[str, ...], claim: ClaimR
     once per device set a container held, never for devices the kubelet still assigns. The
     devices are advertised Unhealthy until it returns, then get their health back. Through DRA
     it is called when a claim is unprepared, for the claim's devices that no other prepared
-    claim (an admin-access one, say) still holds, and once per request for the claim's shares
+    claim (an admin-access one, say) still takes, and once per request for the claim's shares
     of devices that allow multiple allocations (each share is released with its claim, whoever
-    else holds the device).
+    else takes the device).
 
     :param resource: the extended resource name.
     :param device_ids: the IDs one container held, now free; for shares, the shared devices.

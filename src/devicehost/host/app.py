@@ -1,8 +1,12 @@
 """The composition root: builds a host and everything around it, and owns the process lifecycle.
 
-:func:`running` starts, in order, the ``kubelet.sock`` watch, the Register client, the metrics
-and probe endpoints, the config file watch and the host's loop, and tears them down in reverse
-in one place. :func:`run_host` adds the signals: SIGTERM and SIGINT stop the host (a second one
+:func:`compose` is the one place that builds every long-lived part of a host start (the
+``kubelet.sock`` watch, the Register client, the registration, the backend set, the resource
+serving, the release tracker, the DRA drivers, the peer watch) and hands each what it needs,
+the :class:`~devicehost.host.context.HostContext` above all: parts read their settings there
+when they use them, so a reload reaches them all. :func:`running` starts, in order, the metrics
+and probe endpoints, the ``kubelet.sock`` watch, the release tracker, the config file watch and
+the host's loop, and tears them down in reverse in one place. :func:`run_host` adds the signals: SIGTERM and SIGINT stop the host (a second one
 exits at once), SIGHUP reloads. :func:`run_process` runs it on a new event loop and leaves the
 process as soon as it is done. ``devicehost run`` and ``run --simulate-kubelet`` both go through
 :func:`run_process` and :func:`run_host`; the test kit and the benchmarks use :func:`running`.
@@ -28,12 +32,17 @@ from devicehost.host.backends.backend import Backend
 from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.config import HostConfig
 from devicehost.host.config_watch import watch_config_file
-from devicehost.host.daemon import Host
+from devicehost.host.context import HostContext
+from devicehost.host.daemon import Host, HostParts
+from devicehost.host.dra.drivers import DraDrivers
 from devicehost.host.kubelet.client import KubeletClient
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
 from devicehost.host.logs import drain_native_stderr
+from devicehost.host.peers import PeerWatch
+from devicehost.host.release import device_plugin_holds, tracker_for
 from devicehost.host.serving.mode import for_mode
-from devicehost.host.sockets import remove_stale
+from devicehost.host.serving.resource import ResourceServer, Serving
+from devicehost.host.sockets import new_token, remove_stale
 from devicehost.host.state import STARTING, HostState
 
 if TYPE_CHECKING:
@@ -77,24 +86,13 @@ async def running(
             metrics.watch(snapshot)
             await _serve_probes(stack, snapshot, metrics, config.metrics_address, metrics_listener)
         _remove_stale_sockets(config)
-        watch = KubeletSocketWatch(config.device_plugins_dir)
-        client = KubeletClient(watch, lambda: (config if host is None else host.config).register_timeout)
+        context = HostContext(config)
+        observe = None if metrics is None else metrics.observer
+        parts, watch, client = compose(context, backends, failed_backends, observe, cluster)
         stack.push_async_callback(client.close)
-        registration = for_mode(
-            config.registration_mode, config.device_plugins_dir, config.plugins_registry_dir, watch, client
-        )
-        host = Host(
-            config,
-            BackendSet(backends, failed_backends, cdi_dir=config.cdi_dir),
-            registration,
-            observe_allocation=None if metrics is None else metrics.observer,
-            reload_config=reload_config,
-            cluster=cluster,
-        )
-        watch.subscribe(host.peers.on_dir_change)  # another host's sockets come and go in this dir
+        host = Host(parts, reload_config)
         await stack.enter_async_context(_helper(watch.run(), "kubelet socket watch"))
-        if host.release is not None:  # the checkpoint file's changes are its trigger to look
-            watch.subscribe(host.release.poke)
+        if host.release is not None:
             await stack.enter_async_context(_helper(host.release.run(), "pod-resources watch"))
         if config_file is not None and reload_config is not None:
             follow = watch_config_file(config_file, host.request_reload)
@@ -105,6 +103,43 @@ async def running(
         finally:
             host.request_stop()
             await loop
+
+
+def compose(
+    context: HostContext,
+    backends: Sequence[Backend],
+    failed_backends: Mapping[str, str] | None,
+    observe_allocation: Callable[[str], Callable[[float], None]] | None,
+    cluster: Callable[[], Cluster] | None,
+) -> tuple[HostParts, KubeletSocketWatch, KubeletClient]:
+    """Every long-lived part of one host start, each built once and handed what it needs; the
+    ``kubelet.sock`` watch and the Register client are returned for :func:`running` to run and close.
+
+    ``cluster`` makes DRA's API server client (unset: the real one, from the config).
+    """
+    config = context.config
+    watch = KubeletSocketWatch(config.device_plugins_dir)
+    client = KubeletClient(watch, lambda: context.config.register_timeout)
+    registration = for_mode(
+        config.registration_mode, config.device_plugins_dir, config.plugins_registry_dir, watch, client
+    )
+    resources: dict[str, ResourceServer] = {}
+    wake = asyncio.Event()
+    observe = observe_allocation or _no_observer
+    serving = Serving(context, registration, new_token(), wake.set, observe)
+    release = tracker_for(config, lambda: resources)
+    if release is not None:  # the checkpoint file's changes are its trigger to look
+        watch.subscribe(release.poke)
+    holds = device_plugin_holds(release)
+    dra = DraDrivers(context, serving.token, cluster=cluster, device_plugin_holds=holds)
+    peers = PeerWatch(registration.directory, serving.token, lambda: list(resources.values()))
+    watch.subscribe(peers.on_dir_change)  # another host's sockets come and go in this dir
+    backend_set = BackendSet(backends, failed_backends, context)
+    return HostParts(context, backend_set, serving, resources, wake, dra, peers, release), watch, client
+
+
+def _no_observer(resource: str) -> Callable[[float], None]:
+    return lambda seconds: None
 
 
 async def run_host(

@@ -62,8 +62,9 @@ DriverName = Annotated[str, AfterValidator(_driver_name)]
 class OnReload:
     """What a reload does with a setting: marks each field of :class:`HostConfig`.
 
-    ``in place``: the running host applies the new value (the host's one place for it is
-    ``devicehost.host.daemon.apply_in_place``, or the backends' reload). ``next start``: it
+    ``in place``: the running host applies the new value: a reload puts it in the host context
+    (``devicehost.host.context.HostContext``), where every part that uses the setting reads it
+    at its next use (the backends' own settings: their reload). ``next start``: it
     names a socket, a server, a dir or a renderer already in use; a reload keeps the old value
     and says so.
     """

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -25,22 +26,18 @@ from devicehost.host.backends.backend import Backend, HookError
 from devicehost.host.backends.backend_set import BackendSet
 from devicehost.host.backends.loader import installed_backend_names
 from devicehost.host.config import ConfigError, HostConfig
-from devicehost.host.dra.drivers import DraDrivers
-from devicehost.host.peers import PeerWatch
-from devicehost.host.release import device_plugin_holds, tracker_for, with_holders
-from devicehost.host.serving.registration import Registration
-from devicehost.host.serving.resource import ResourceServer, Serving
-from devicehost.host.sockets import new_token
+from devicehost.host.release import with_holders
+from devicehost.host.serving.resource import ResourceServer
 from devicehost.host.state import HostState, KubeletState, ReloadRefusal, ReloadState
 
 if TYPE_CHECKING:
-    from devicehost.host.dra.cluster import Cluster
+    from devicehost.host.context import HostContext
+    from devicehost.host.dra.drivers import DraDrivers
+    from devicehost.host.peers import PeerWatch
+    from devicehost.host.release import ReleaseTracker
+    from devicehost.host.serving.resource import Serving
 
 log = structlog.get_logger(__name__)
-
-
-def _no_observer(resource: str) -> Callable[[float], None]:
-    return lambda seconds: None
 
 
 def _plan_one(
@@ -59,14 +56,6 @@ def _plan_one(
     return plan
 
 
-def _apply_in_place(config: HostConfig, backends: BackendSet, servers: Iterable[ResourceServer]) -> None:
-    """The settings a reload changes without touching any resource's socket or registration."""
-    backends.set_cdi_dir(config.cdi_dir)
-    backends.set_hook_timeout(config.hook_timeout)
-    for server in servers:
-        server.health_interval = config.health_interval
-
-
 async def _started(server: ResourceServer) -> ResourceServer | None:
     """``server`` started, or None when it could not be (logged)."""
     try:
@@ -81,37 +70,40 @@ async def _started(server: ResourceServer) -> ResourceServer | None:
     return server
 
 
+@dataclass(frozen=True)
+class HostParts:
+    """The long-lived parts a host runs, built by the composition root (:func:`devicehost.host.app.compose`)."""
+
+    context: HostContext
+    backends: BackendSet
+    serving: Serving
+    resources: dict[str, ResourceServer]
+    """The served resources by name: the host's table, which the release tracker and the peer watch read."""
+    wake: asyncio.Event
+    """Set to run discovery now (what ``serving.request_rediscovery`` sets)."""
+    dra: DraDrivers
+    peers: PeerWatch
+    release: ReleaseTracker | None
+    """Follows the kubelet's pod-resources API; None when ``device_release`` is off."""
+
+
 class Host:
     """Runs every loaded backend's resources until told to stop."""
 
-    def __init__(
-        self,
-        config: HostConfig,
-        backends: BackendSet,
-        registration: Registration,
-        *,
-        observe_allocation: Callable[[str], Callable[[float], None]] | None = None,
-        reload_config: Callable[[], HostConfig] | None = None,
-        cluster: Callable[[], Cluster] | None = None,
-    ) -> None:
-        self.config = config
-        self.backends = backends
-        self.resources: dict[str, ResourceServer] = {}
+    def __init__(self, parts: HostParts, reload_config: Callable[[], HostConfig] | None = None) -> None:
+        self.context = parts.context
+        self.backends = parts.backends
+        self.resources = parts.resources
         self.discoveries = 0
         self.stopping = asyncio.Event()
-        observe = observe_allocation or _no_observer
-        policies = config.preferred_allocation
-        self._serving = Serving(
-            registration, new_token(), config.socket_mode, self.request_rediscovery, observe, policies
-        )
+        self.serving = parts.serving
         self.reload_config = reload_config
         """Reads the configuration again (SIGHUP, a changed file); None: a reload keeps it."""
-        self.release = tracker_for(config, lambda: self.resources)
+        self.release = parts.release
         """Follows the kubelet's pod-resources API; None when ``device_release`` is off."""
-        holds = device_plugin_holds(self.release)
-        self.dra = DraDrivers(config, self.token, cluster=cluster, device_plugin_holds=holds)
+        self.dra = parts.dra
         self._reload_requested = False
-        self._wake = asyncio.Event()
+        self._wake = parts.wake
         self._loop_state = "starting"
         self.final_state: HostState | None = None
         """The state just before the stop withdrew everything, for the closing summary."""
@@ -119,14 +111,19 @@ class Host:
         """Resources whose start is under way, by name: their backend's name."""
         self.reloads = ReloadState()
         """Reloads applied and refused, for ``/status`` and the metrics."""
-        self.peers = PeerWatch(registration.directory, self.token, lambda: list(self.resources.values()))
+        self.peers = parts.peers
         self._policies_warned: set[str] = set()
         """``preferred_allocation`` names already warned about as served by no backend."""
 
     @property
+    def config(self) -> HostConfig:
+        """The configuration in force (the context's: a reload replaces it there)."""
+        return self.context.config
+
+    @property
     def token(self) -> str:
         """Makes this host start's socket names unique."""
-        return self._serving.token
+        return self.serving.token
 
     def request_rediscovery(self) -> None:
         """Run discovery now (thread-unsafe: call on the loop)."""
@@ -171,7 +168,7 @@ class Host:
 
     def snapshot(self) -> HostState:
         """The host's state now, for probes, metrics and ``devicehost status``."""
-        watch = self._serving.registration.watch
+        watch = self.serving.registration.watch
         return HostState(
             kubelet=KubeletState(str(watch.kubelet_socket), watch.inode is not None),
             backends=self.backends.states(),
@@ -187,7 +184,7 @@ class Host:
 
     async def reconcile(self) -> None:
         """Discover every backend at once; each answer is applied as it comes, so a slow backend
-        holds back no other backend's resources."""
+        delays no other backend's resources."""
         self.discoveries += 1
         await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
         _warn_unserved_policies(self.config.preferred_allocation, self.resources, self._policies_warned)
@@ -208,9 +205,7 @@ class Host:
 
     async def _add(self, backend: Backend, resource: Resource) -> None:
         api = self.dra.api(backend.name, resource)
-        server = ResourceServer(
-            backend, resource, self._serving, self.config.health_interval, device_plugin=api != "dra"
-        )
+        server = ResourceServer(backend, resource, self.serving, device_plugin=api != "dra")
         try:
             if await _started(server) is None:
                 return
@@ -281,8 +276,8 @@ async def _apply_reload(host: Host, new: HostConfig) -> list[ReloadRefusal]:
     if plan.deferred:
         log.warning("these settings take effect at the next start", keys=list(plan.deferred))
     old = host.config
-    host.config = config = plan.config
-    _apply_in_place(config, backends, host.resources.values())
+    host.context.config = config = plan.config  # every part reads the settings applied in place here
+    await host.dra.follow_cdi_dir()
     for name in plan.disable:
         await backends.disable(name, host.withdraw_backend)
     await backends.load(plan.load, config.backends, config.hook_timeout)
@@ -298,7 +293,7 @@ async def _apply_reload(host: Host, new: HostConfig) -> list[ReloadRefusal]:
                 kept[name] = old.backends[name]
             else:
                 kept.pop(name, None)
-        host.config = config = config.model_copy(update={"backends": kept})
+        host.context.config = config = config.model_copy(update={"backends": kept})
     changed = [key for key in plan.changed if getattr(old, key) != getattr(config, key)]
     log.info(
         "configuration reloaded",

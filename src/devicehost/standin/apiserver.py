@@ -23,6 +23,7 @@ from devicehost.resourceapi import (
     ClusterError,
     Conflict,
     NotFound,
+    claim_allocation,
 )
 from devicehost.standin.capacity import consumption
 from devicehost.standin.claimstatus import ClaimStatuses, published
@@ -57,10 +58,9 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
 
     async def claim(self, namespace: str, name: str) -> ClaimAllocation:
         self._check()
-        found = self.claims.get((namespace, name))
-        if found is None:
+        if (namespace, name) not in self.claims:
             raise NotFound(f"ResourceClaim {namespace}/{name}: 404 NotFound")
-        return found
+        return claim_allocation(self.claim_body(namespace, name))
 
     async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
         self._check()

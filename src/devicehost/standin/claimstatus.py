@@ -17,7 +17,14 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from devicehost.resourceapi import SLICE_API_VERSION, ClaimAllocation, ClusterError, Conflict, NotFound
+from devicehost.resourceapi import (
+    SLICE_API_VERSION,
+    ClaimAllocation,
+    ClusterError,
+    Conflict,
+    NotFound,
+    claim_allocation,
+)
 
 CLAIM_POLL = 0.05
 """Seconds between looks for changed claims (tests change :attr:`claims` directly)."""
@@ -40,12 +47,6 @@ class ClaimStatuses:
 
     def _check(self) -> None: ...
 
-    async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
-        self._check()
-        if (namespace, name) not in self.claims:
-            raise NotFound(f"ResourceClaim {namespace}/{name}: 404 NotFound")
-        return self.claim_body(namespace, name)
-
     async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
         self._check()
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -63,16 +64,16 @@ class ClaimStatuses:
         self.statuses[self.claims[key].uid] = devices
         self.changed.set()
 
-    async def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def claim_events(self) -> AsyncIterator[tuple[str, ClaimAllocation]]:
         seen: dict[Key, str] = {}
         while True:
             self._check()
             now = {key: self._version(key) for key in list(self.claims)}
             for key, version in now.items():
                 if seen.get(key) != version:
-                    yield ("MODIFIED" if key in seen else "ADDED"), self.claim_body(*key)
+                    yield ("MODIFIED" if key in seen else "ADDED"), claim_allocation(self.claim_body(*key))
             for namespace, name in seen.keys() - now.keys():
-                yield "DELETED", {"metadata": {"namespace": namespace, "name": name}}
+                yield "DELETED", ClaimAllocation("", (), namespace=namespace, name=name)
             seen = now
             await asyncio.sleep(CLAIM_POLL)
 
@@ -95,7 +96,13 @@ class ClaimStatuses:
             if device.share_id:
                 result |= {"shareID": device.share_id, "consumedCapacity": dict(device.consumed)}
             results.append(result)
-        status: dict[str, Any] = {"allocation": {"devices": {"results": results}}} if results else {}
+        configs = [
+            {"opaque": {"driver": c.driver, "parameters": dict(c.parameters)}}
+            | ({"requests": list(c.requests)} if c.requests else {})
+            for c in allocation.configs
+        ]
+        devices: dict[str, Any] = {"results": results} | ({"config": configs} if configs else {})
+        status: dict[str, Any] = {"allocation": {"devices": devices}} if results else {}
         if self.statuses.get(allocation.uid):
             status["devices"] = [dict(d) for d in self.statuses[allocation.uid]]
         metadata = {

@@ -49,7 +49,7 @@ class Settings(BindingSettings):
         "the memory and compute it asks for (whole GPU by default, 1Gi and 1 steps)",
     )
     node_name: str | None = Field(
-        default=None, description="seeds the GPUs' UUIDs; unset: $DEVICEHOST_NODE_NAME, else the host name"
+        default=None, description="seeds the GPUs' UUIDs; unset: the node the host names, else the host name"
     )
 
 
@@ -131,6 +131,8 @@ class DraExampleBackend:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._host_node = ""
+        """The node the host told (``devicehost_host_facts``)."""
         self._settings = Settings()
 
     @devicehost.hookimpl
@@ -146,8 +148,13 @@ class DraExampleBackend:
         with self._lock:
             self._settings = settings
 
+    @devicehost.hookimpl
+    def devicehost_host_facts(self, facts: devicehost.HostFacts) -> None:
+        with self._lock:
+            self._host_node = facts.node_name
+
     def _node(self) -> str:
-        return node_name(self._settings.node_name)
+        return node_name(self._settings.node_name, self._host_node)
 
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:

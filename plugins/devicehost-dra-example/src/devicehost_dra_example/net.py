@@ -38,7 +38,7 @@ class NetSettings(BaseModel):
         default=1, description="mock NICs on this node (the reference's --num-devices)"
     )
     node_name: str | None = Field(
-        default=None, description="seeds the NICs' UUIDs; unset: $DEVICEHOST_NODE_NAME, else the host name"
+        default=None, description="seeds the NICs' UUIDs; unset: the node the host names, else the host name"
     )
 
 
@@ -101,6 +101,8 @@ class DraExampleNetBackend:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._host_node = ""
+        """The node the host told (``devicehost_host_facts``)."""
         self._settings = NetSettings()
 
     @devicehost.hookimpl
@@ -116,8 +118,13 @@ class DraExampleNetBackend:
         with self._lock:
             self._settings = settings
 
+    @devicehost.hookimpl
+    def devicehost_host_facts(self, facts: devicehost.HostFacts) -> None:
+        with self._lock:
+            self._host_node = facts.node_name
+
     def _node(self) -> str:
-        return node_name(self._settings.node_name)
+        return node_name(self._settings.node_name, self._host_node)
 
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 import uuid
 
 
-def node_name(setting: str | None) -> str:
-    """The ``node_name`` setting, else ``$DEVICEHOST_NODE_NAME`` (the host sets it), else the host name."""
-    return setting or os.environ.get("DEVICEHOST_NODE_NAME") or socket.gethostname()
+def node_name(setting: str | None, told: str) -> str:
+    """The ``node_name`` setting, else the node the host told (``HostFacts.node_name``), else the host name."""
+    return setting or told or socket.gethostname()
 
 
 def seeded_uuids(seed: str, prefix: str, count: int) -> list[str]:

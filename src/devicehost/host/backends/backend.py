@@ -9,12 +9,12 @@ other backends keep their threads.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 import structlog
@@ -28,12 +28,16 @@ from devicehost.hookspecs.types import (
     Device,
     DeviceStatus,
     Health,
+    HostFacts,
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
 )
 from devicehost.host.backends.threads import Closed, Expired, HookThreads, NoThread
 from devicehost.host.config import describe_errors, model_keys, unknown_key
+
+if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
 
 log = structlog.get_logger(__name__)
 
@@ -172,16 +176,63 @@ def validated(
         return None, problems + describe_errors(exc, model, prefix)
 
 
+FACTS_HOOK = "devicehost_host_facts"
+
+
+class HostLink:
+    """What ties a backend to the host that serves it: the host's context, read at each hook call
+    (the hook timeout, the facts), and the facts the backend was last told."""
+
+    def __init__(self, hook_timeout: float) -> None:
+        self._hook_timeout = hook_timeout
+        self._context: HostContext | None = None
+        self.told: HostFacts | None = None
+        """The facts the backend was last told (``devicehost_host_facts``)."""
+        self._telling: tuple[HostFacts, asyncio.Future[None]] | None = None
+
+    def bind(self, context: HostContext) -> None:
+        """Serve ``context``'s host: from now on each hook call reads the hook timeout and the host
+        facts there, when it is made (a reload reaches the next call)."""
+        self._context = context
+
+    @property
+    def hook_timeout(self) -> float:
+        """Seconds a hook may run: the host's live ``hook_timeout`` once bound."""
+        return self._hook_timeout if self._context is None else self._context.config.hook_timeout
+
+    @property
+    def facts(self) -> HostFacts | None:
+        """What the backend is told of its host (None: no host, as in a backend's own tests)."""
+        return None if self._context is None else self._context.facts()
+
+    async def ready(
+        self, caller: Callable[..., Any], tell: Callable[..., Awaitable[Any]] | None
+    ) -> Callable[..., Any]:
+        """``caller`` to run with the host's ``cdi_dir`` as ``devicehost.cdi``'s default dir, once
+        ``tell`` told the facts if they changed since last told (hook calls made meanwhile wait for
+        that one telling); as it is without a host."""
+        facts = self.facts
+        if facts is None:
+            return caller
+        while tell is not None and facts is not self.told and facts != self.told:
+            pending = self._telling
+            if pending is None or pending[1].done():
+                pending = self._telling = (facts, asyncio.ensure_future(self._tell(facts, tell)))
+            await asyncio.shield(pending[1])  # a hook call cancelled leaves the telling to the others
+        return functools.partial(cdi.call_in_dir, facts.cdi_dir, caller)
+
+    async def _tell(self, facts: HostFacts, tell: Callable[..., Awaitable[Any]]) -> None:
+        await tell(facts=facts)
+        self.told = facts
+
+
 class Backend:
     """A backend ready to call: ``await backend.allocate(...)`` and friends."""
 
-    def __init__(self, name: str, plugin: object, hook_timeout: float, cdi_dir: Path | None = None) -> None:
+    def __init__(self, name: str, plugin: object, hook_timeout: float) -> None:
         impls = _checked_implementations(plugin)
         self.name = name
-        self.hook_timeout = hook_timeout
-        self.cdi_dir = cdi_dir
-        """The host's ``cdi_dir``: ``devicehost.cdi``'s default dir inside this backend's hook
-        calls (each runs in a context of its own); None: whatever the process set."""
+        self.link = HostLink(hook_timeout)
         self.distribution: str | None = None
         """The distribution that installed the backend, and its version (set by the loader)."""
         self.version: str | None = None
@@ -228,19 +279,18 @@ class Backend:
 
     def stuck_hooks(self) -> list[str]:
         """Hooks still running past the hook timeout (their threads never came back)."""
-        return self._threads.stuck(self.hook_timeout)
+        return self._threads.stuck(self.link.hook_timeout)
 
     def implements(self, hook: str) -> bool:
         """Whether the backend has an implementation of ``hook``."""
         return hook in self._implemented
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
-        """Run one hook in the backend's threads, bounded by the hook timeout (waiting for a thread included)."""
-        caller = getattr(self._pm.hook, hook)
-        if self.cdi_dir is not None:
-            caller = functools.partial(cdi._call_in_dir, self.cdi_dir, caller)
+        """Run one hook in the backend's threads within the hook timeout, facts told first (:class:`HostLink`)."""
+        tell = functools.partial(self._call, FACTS_HOOK) if FACTS_HOOK in self._implemented else None
+        caller = await self.link.ready(getattr(self._pm.hook, hook), None if hook == FACTS_HOOK else tell)
         try:
-            return await self._threads.call(hook, caller, kwargs, self.hook_timeout)
+            return await self._threads.call(hook, caller, kwargs, self.link.hook_timeout)
         except NoThread as exc:
             self.failures[hook] += 1
             raise BackendBusy(self.name, hook, str(exc)) from None
@@ -248,7 +298,9 @@ class Backend:
             raise HookError(self.name, hook, str(exc)) from None
         except Expired:
             self.failures[hook] += 1
-            raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None
+            raise HookTimeout(
+                self.name, hook, f"did not return within {self.link.hook_timeout:g} s"
+            ) from None
         except Exception as exc:
             self.failures[hook] += 1
             # Where the hook raised, for whoever debugs the backend: the error lines callers log

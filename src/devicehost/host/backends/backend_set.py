@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -14,6 +13,9 @@ from devicehost.hookspecs.types import Resource
 from devicehost.host.backends.backend import Backend, HookError, SettingsRefused
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.state import BackendState
+
+if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
 
 log = structlog.get_logger(__name__)
 
@@ -41,12 +43,17 @@ class BackendSet:
     """Backends by name; one whose settings are refused moves to :attr:`failed`."""
 
     def __init__(
-        self, loaded: Sequence[Backend], failed: Mapping[str, str] | None = None, cdi_dir: Path | None = None
+        self,
+        loaded: Sequence[Backend],
+        failed: Mapping[str, str] | None = None,
+        context: HostContext | None = None,
     ) -> None:
         self.loaded = {b.name: b for b in loaded}
-        self.cdi_dir = cdi_dir
-        """The host's ``cdi_dir``, handed to every backend's hook calls (:attr:`Backend.cdi_dir`)."""
-        self.set_cdi_dir(cdi_dir)
+        self.context = context
+        """The host's context, which every backend is bound to (hook timeout, host facts); None:
+        each keeps the hook timeout it was loaded with, and is told no facts."""
+        for backend in loaded:
+            self._bind(backend)
         self.failed: dict[str, str] = dict(failed or {})
         """Backends that did not load or whose settings were refused, with the reason."""
         self._announced: weakref.WeakSet[Backend] = weakref.WeakSet()
@@ -100,7 +107,7 @@ class BackendSet:
                 self.failed[status.name] = status.error or "failed to load"
                 continue
             self.failed.pop(status.name, None)
-            status.backend.cdi_dir = self.cdi_dir
+            self._bind(status.backend)
             if await self._configure(status.backend, settings.get(status.name, {})):
                 self.loaded[status.name] = status.backend
                 log.info("backend enabled", backend=status.name)
@@ -122,14 +129,9 @@ class BackendSet:
         self.refused[name] = dict(refused)
         return {resource: problem for resource, problem in refused.items() if before.get(resource) != problem}
 
-    def set_cdi_dir(self, directory: Path | None) -> None:
-        self.cdi_dir = directory
-        for backend in self:
-            backend.cdi_dir = directory
-
-    def set_hook_timeout(self, seconds: float) -> None:
-        for backend in self:
-            backend.hook_timeout = seconds
+    def _bind(self, backend: Backend) -> None:
+        if self.context is not None:
+            backend.link.bind(self.context)
 
     def close(self) -> None:
         for backend in self:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 from typing import TYPE_CHECKING
 
 from devicehost.host.cli.common import (
@@ -68,7 +67,6 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
     refused = settings_problems(backends, config)
     if refused:
         raise CommandFailed("backend settings refused:\n  " + "\n  ".join(refused), EXIT_USAGE)
-    export_node_name(config.node_name)
     if args.simulate_kubelet:
         from devicehost.host.simulate import run_simulated as serve
     else:
@@ -87,13 +85,6 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
         )
     except OSError as exc:  # a metrics address in use, a dir that went away: one line, no traceback
         raise CommandFailed(f"cannot start: {exc}", EXIT_FAILED) from exc
-
-
-def export_node_name(node: str) -> None:
-    """Put the node's name in ``$DEVICEHOST_NODE_NAME`` for the backends (and what they start),
-    whichever way the operator gave it (``--node-name``, the config file, the variable itself)."""
-    if node:
-        os.environ["DEVICEHOST_NODE_NAME"] = node
 
 
 def listen_for_probes(config: HostConfig) -> socket.socket | None:

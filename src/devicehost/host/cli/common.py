@@ -126,7 +126,11 @@ def settings_problems(backends: Sequence[Backend], config: HostConfig) -> list[s
     import asyncio
 
     from devicehost.host.backends.backend_set import refused_settings
+    from devicehost.host.context import HostContext
 
+    context = HostContext(config)
+    for backend in backends:
+        backend.link.bind(context)  # told the host's facts before the dry run, as when it serves
     refused = asyncio.run(refused_settings(backends, config.backends))
     return [line for problems in refused.values() for line in problems.splitlines()]
 
@@ -147,8 +151,11 @@ def dry_run_problems(backends: Sequence[Backend], config: HostConfig) -> list[st
     from devicehost.host.reconcile import plan
 
     async def check() -> list[str]:
+        from devicehost.host.context import HostContext
+
+        context = HostContext(config)
         for backend in backends:
-            backend.cdi_dir = config.cdi_dir  # as the host hands it over
+            backend.link.bind(context)  # as the host will: its facts and hook timeout
         refused = await refused_settings(backends, config.backends)
         problems = [line for lines in refused.values() for line in lines.splitlines()]
         offered: list[tuple[str, Any]] = []

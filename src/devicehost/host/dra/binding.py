@@ -1,4 +1,4 @@
-"""Claims awaiting binding conditions on this driver's devices, followed until they hold.
+"""Claims awaiting binding conditions on this driver's devices, followed until they are True.
 
 With ``DRADeviceBindingConditions`` the scheduler allocates a device that has binding conditions,
 then waits (its binding timeout, 10 minutes by default) for each of them to be True in the claim's
@@ -6,27 +6,29 @@ then waits (its binding timeout, 10 minutes by default) for each of them to be T
 give the device up. :class:`BindingWatch` watches every ResourceClaim; for each claim allocated
 one of this driver's devices whose conditions are awaited it asks the backend
 (``devicehost_device_status``, ``prepared=False``) and writes the answer, again every
-:data:`POLL` seconds until they all hold, a failure condition does, or the claim is gone. A
-watch that breaks is started again with backoff, said once per kind of problem until it works again.
+:data:`POLL` seconds until they are all True, a failure condition is, or the claim is gone. A
+watch that breaks is started again with backoff (:func:`.rewatch.rewatch`), said once per kind of problem until it works again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import structlog
 
 from devicehost.host.backends.backend import HookError
-from devicehost.host.dra.claim_status import HOOK, after_prepare, awaiting, our_devices, write_status
-from devicehost.host.dra.cluster import ClusterError
-from devicehost.host.dra.publisher import problem_kind
+from devicehost.host.dra.allocated import ClaimRefused
+from devicehost.host.dra.claim_status import HOOK, after_prepare, awaiting, our_devices, reread, write_status
+from devicehost.host.dra.cluster import ClaimAllocation, ClusterError
+from devicehost.host.dra.rewatch import rewatch
 from devicehost.host.serving.registration import Backoff
 
 if TYPE_CHECKING:
-    from devicehost.host.dra.claims import Attached
+    from devicehost.host.dra.allocated import Attached
+    from devicehost.host.dra.checkpoint import PreparedClaim
     from devicehost.host.dra.cluster import Cluster
 
 POLL = 1.0
@@ -81,23 +83,10 @@ class BindingWatch:
         while not self.wanted():
             seen = await self._changed(seen)
         self.log.info("watching ResourceClaims: devices have binding conditions")
-        backoff = Backoff(*BACKOFF)
-        while True:
-            try:
-                async for kind, claim in self._cluster.claim_events():
-                    if backoff.reset():
-                        self.log.info("watching ResourceClaims for binding conditions again")
-                    self._seen(kind, claim)
-                raise ClusterError("the watch ended")
-            except ClusterError as exc:
-                wait, changed = backoff.fail(problem_kind(str(exc)))
-                if changed:
-                    self.log.warning(
-                        "watching ResourceClaims for binding conditions failed; retrying with backoff",
-                        error=str(exc),
-                        retry_in=round(wait, 2),
-                    )
-                await asyncio.sleep(wait)
+        events = self._cluster.claim_events
+        await rewatch(
+            events, self._seen, "ResourceClaims for binding conditions", Backoff(*BACKOFF), self.log
+        )
 
     async def stop(self) -> None:
         """Stop watching, and following every claim."""
@@ -107,14 +96,14 @@ class BindingWatch:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def after_prepare(
-        self, answers: Mapping[str, object], claims: Sequence[tuple[str, str, str]]
+        self, answers: Mapping[str, PreparedClaim | str], reads: Mapping[str, ClaimAllocation | BaseException]
     ) -> None:
         """Write the device status of the claims just prepared (see :func:`.claim_status.after_prepare`)."""
-        await after_prepare(self._cluster, self._driver, self._resources, answers, claims, self.log)
+        await after_prepare(self._cluster, self._driver, self._resources, answers, reads, self.log)
 
-    def _seen(self, kind: str, claim: Mapping[str, Any]) -> None:
-        meta = claim.get("metadata", {})
-        key = (meta.get("namespace", ""), meta.get("name", ""))
+    def _seen(self, event: tuple[str, ClaimAllocation]) -> None:
+        kind, claim = event
+        key = (claim.namespace, claim.name)
         if kind == "DELETED":
             task = self.following.pop(key, None)
             if task is not None:
@@ -122,30 +111,32 @@ class BindingWatch:
             return
         if key in self.following:
             return
-        ours = [
-            d
-            for d in our_devices(claim, self._driver, self._resources)
-            if d.attached.server.backend.implements(HOOK)
-        ]
-        if awaiting(claim, ours):
-            ref = (key[0], str(meta.get("uid", "")), key[1])
-            self.following[key] = asyncio.create_task(self._follow(ref), name=f"binding {key[0]}/{key[1]}")
+        if awaiting(claim, our_devices(claim, self._driver, self._resources)):
+            self.following[key] = asyncio.create_task(self._follow(claim), name=f"binding {key[0]}/{key[1]}")
 
-    async def _follow(self, ref: tuple[str, str, str]) -> None:
-        """Ask and write until nothing of the claim is awaited; failures said once per claim."""
-        namespace, uid, name = ref
+    async def _follow(self, seen: ClaimAllocation) -> None:
+        """Ask and write until nothing of the claim is awaited (the claim read anew each time
+        after the first); failures said once per claim. A claim whose configuration the backend
+        refuses is not followed: its prepare fails too."""
+        namespace, uid, name = seen.namespace, seen.uid, seen.name
+        claim: ClaimAllocation | None = seen
         said = False
         try:
             while True:
                 try:
-                    if not await write_status(
-                        self._cluster, self._driver, self._resources, ref, prepared=False
+                    if claim is None or not await write_status(
+                        self._cluster, self._driver, self._resources, claim, prepared=False
                     ):
                         self.settled += 1
                         self.log.info(
                             "claim no longer awaits binding conditions", claim=f"{namespace}/{name}", uid=uid
                         )
                         return
+                except ClaimRefused as exc:
+                    self.log.error(
+                        "binding conditions not written", claim=f"{namespace}/{name}", error=str(exc)
+                    )
+                    return
                 except (ClusterError, HookError) as exc:
                     if not said:
                         self.log.warning(
@@ -155,7 +146,15 @@ class BindingWatch:
                         )
                         said = True
                 await asyncio.sleep(POLL)
+                claim = await self._fresh(seen)
         finally:
             with contextlib.suppress(KeyError):
                 if self.following[(namespace, name)] is asyncio.current_task():
                     del self.following[(namespace, name)]
+
+    async def _fresh(self, claim: ClaimAllocation) -> ClaimAllocation | None:
+        """``claim`` read anew (None: gone); one that cannot be read now is asked about as it was."""
+        try:
+            return await reread(self._cluster, claim)
+        except ClusterError:
+            return claim

@@ -1,13 +1,14 @@
 """A claim's ``status.devices`` written from the backend's ``devicehost_device_status`` answers.
 
-:func:`write_status` reads the claim, picks this driver's devices in it (all of them once the
-claim is prepared; before that, those whose binding conditions are still awaited), asks the
-backend once per resource and request, and writes the answers into the claim's status: an entry
-per device (driver, pool, device, and its share when it has one), its conditions merged by type
-(a condition keeps its ``lastTransitionTime`` while its status stays), its ``data`` and
-``networkData``. Other drivers' entries and what the answer leaves out stay as they are. Nothing
-is written when nothing changed; a write that lost a race with another writer (409) is done
-again on the claim read anew.
+:func:`write_status` takes the claim as read (:class:`~devicehost.resourceapi.ClaimAllocation`),
+picks this driver's devices in it (all of them once the claim is prepared; before that, those
+whose binding conditions are still awaited), asks the backend once per resource and request
+(with the claim request of :func:`.allocated.claim_request`, the one prepare hands the allocate
+hook), and writes the answers into the claim's status: an entry per device (driver, pool,
+device, and its share when it has one), its conditions merged by type (a condition keeps its
+``lastTransitionTime`` while its status stays), its ``data`` and ``networkData``. Other drivers'
+entries and what the answer leaves out stay as they are. Nothing is written when nothing
+changed; a write that lost a race with another writer (409) is done again on the claim read anew.
 """
 
 from __future__ import annotations
@@ -15,19 +16,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from devicehost.hookspecs.types import ClaimRequest, DeviceStatus, NetworkData, Share
+from devicehost.hookspecs.types import DeviceStatus, NetworkData
 from devicehost.host.backends.backend import HookError, device_status
-from devicehost.host.dra import names
-from devicehost.host.dra.cluster import ClusterError, Conflict, NotFound
-from devicehost.resourceapi import allocated_device, claim_allocation
+from devicehost.host.dra.allocated import ClaimRefused, Found, by_request, claim_request, located
+from devicehost.host.dra.checkpoint import PreparedClaim
+from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, Conflict, NotFound
+from devicehost.resourceapi import status_key
 
 if TYPE_CHECKING:
-    from devicehost.host.dra.claims import Attached
+    from devicehost.host.dra.allocated import Attached
     from devicehost.host.dra.cluster import Cluster
 
 HOOK = "devicehost_device_status"
@@ -39,139 +41,104 @@ AFTER_PREPARE_TIMEOUT = 10.0
 """Seconds the status of a claim just prepared may take (the kubelet waits for the answer)."""
 
 
-@dataclass(frozen=True, eq=False)
-class Ours:
-    """One device of a claim's allocation that this driver publishes (hashed by identity)."""
-
-    result: Mapping[str, Any]
-    """The allocation result, as the claim's status holds it."""
-    device_id: str
-    attached: Attached
-
-
-def our_devices(claim: Mapping[str, Any], driver: str, resources: Mapping[str, Attached]) -> list[Ours]:
-    """The claim's allocated devices of ``driver`` in a pool this host publishes."""
-    by_pool = {a.pool: a for a in resources.values()}
-    named: dict[str, dict[str, str]] = {}  # pool -> DRA device name -> device ID, built once a pool
-    found = []
-    for result in _results(claim):
-        pool = result.get("pool", "")
-        attached = by_pool.get(pool)
-        if result.get("driver") != driver or attached is None:
-            continue
-        if pool not in named:
-            named[pool] = {names.device_name(d.id): d.id for d in attached.server.table.devices}
-        device_id = named[pool].get(result.get("device", ""))
-        if device_id is not None:
-            found.append(Ours(result, device_id, attached))
-    return found
+def our_devices(claim: ClaimAllocation, driver: str, resources: Mapping[str, Attached]) -> list[Found]:
+    """The claim's allocated devices of ``driver`` in a pool this host publishes, whose backend
+    has the device status hook."""
+    return [
+        Found(allocated, attached, device)
+        for allocated, attached, device in located(claim.devices_of(driver), resources)
+        if attached is not None and device is not None and attached.server.backend.implements(HOOK)
+    ]
 
 
-def awaiting(claim: Mapping[str, Any], ours: Sequence[Ours]) -> list[Ours]:
+def awaiting(claim: ClaimAllocation, ours: Sequence[Found]) -> list[Found]:
     """Those of ``ours`` whose binding conditions are not all True yet, and that no binding
     failure condition marks failed (the scheduler gives those up)."""
     shown = {
-        _key(d): {c.get("type"): c.get("status") for c in d.get("conditions", ())} for d in _statuses(claim)
+        status_key(d): {c.get("type"): c.get("status") for c in d.get("conditions", ())}
+        for d in claim.statuses
     }
     waiting = []
     for device in ours:
-        conditions = shown.get(_key(device.result), {})
-        failed = any(conditions.get(c) == "True" for c in device.result.get("bindingFailureConditions", ()))
-        ready = all(conditions.get(c) == "True" for c in device.result.get("bindingConditions", ()))
+        conditions = shown.get(device.allocated.key, {})
+        failed = any(conditions.get(c) == "True" for c in device.allocated.binding_failure_conditions)
+        ready = all(conditions.get(c) == "True" for c in device.allocated.binding_conditions)
         if not failed and not ready:
             waiting.append(device)
     return waiting
 
 
+async def reread(cluster: Cluster, claim: ClaimAllocation) -> ClaimAllocation | None:
+    """``claim`` read anew; None when it is gone (or another claim of its name took its place)."""
+    try:
+        found = await cluster.claim(claim.namespace, claim.name)
+    except NotFound:
+        return None
+    return replace(found, namespace=claim.namespace, name=claim.name) if found.uid == claim.uid else None
+
+
 async def write_status(
-    cluster: Cluster,
-    driver: str,
-    resources: Mapping[str, Attached],
-    ref: tuple[str, str, str],
-    prepared: bool,
+    cluster: Cluster, driver: str, resources: Mapping[str, Attached], claim: ClaimAllocation, prepared: bool
 ) -> bool:
-    """Ask the backends and write the claim ``ref`` = (namespace, uid, name)'s status for this
-    driver's devices: all of them when ``prepared``, else those awaiting binding conditions.
-    Whether any of its devices still awaits them afterwards (False too when the claim is gone).
+    """Ask the backends and write ``claim``'s status for this driver's devices: all of them when
+    ``prepared``, else those awaiting binding conditions. Whether any of its devices still awaits
+    them afterwards (False too when the claim is gone). ``claim`` is read anew only when a write
+    loses a race.
 
     :raises ClusterError: the claim could not be read or written.
     :raises HookError: a backend's hook failed or answered what the contract does not allow.
+    :raises ClaimRefused: the backend refuses the claim's configuration (its prepare fails too).
     """
-    namespace, uid, name = ref
     for _ in range(WRITE_TRIES):
-        try:
-            claim = await cluster.claim_object(namespace, name)
-        except NotFound:
-            return False
-        if claim.get("metadata", {}).get("uid") != uid:
-            return False
-        ours = [
-            d for d in our_devices(claim, driver, resources) if d.attached.server.backend.implements(HOOK)
-        ]
+        ours = our_devices(claim, driver, resources)
         chosen = ours if prepared else awaiting(claim, ours)
         if not chosen:
             return False
         answers = await _ask(claim, chosen, driver, prepared)
-        before = _statuses(claim)
+        before = [dict(d) for d in claim.statuses]
         said = [d for d in chosen if d in answers and answers[d] != EMPTY]
-        devices = merged(before, [entry(d.result, answers[d], _find(before, d.result)) for d in said])
+        devices = merged(before, [entry(d.allocated, answers[d], claim.status_of(d.allocated)) for d in said])
         if devices == before:
             return bool(awaiting(claim, ours))
-        written = {**claim, "status": {**claim.get("status", {}), "devices": devices}}
+        body = claim.body
         try:
-            await cluster.replace_claim_status(written)
+            await cluster.replace_claim_status(
+                {**body, "status": {**body.get("status", {}), "devices": devices}}
+            )
         except Conflict:
+            fresh = await reread(cluster, claim)
+            if fresh is None:
+                return False
+            claim = fresh
             continue
-        return bool(awaiting(written, ours))
+        return bool(awaiting(replace(claim, statuses=tuple(devices)), ours))
     raise ClusterError(
-        f"ResourceClaim {namespace}/{name}: its status changed under {WRITE_TRIES} writes in a row"
+        f"ResourceClaim {claim.namespace}/{claim.name}: its status changed under {WRITE_TRIES} writes in a row"
     )
 
 
 async def _ask(
-    claim: Mapping[str, Any], chosen: Sequence[Ours], driver: str, prepared: bool
-) -> dict[Ours, DeviceStatus]:
+    claim: ClaimAllocation, chosen: Sequence[Found], driver: str, prepared: bool
+) -> dict[Found, DeviceStatus]:
     """The backend's answer for each of ``chosen``, asked once per resource and request."""
-    allocation = claim_allocation(claim)
-    meta = claim["metadata"]
-    groups: dict[tuple[str, str], list[Ours]] = {}
-    for device in chosen:
-        groups.setdefault((device.attached.server.name, device.result["request"]), []).append(device)
-    answers: dict[Ours, DeviceStatus] = {}
-    for (resource, request), devices in groups.items():
+    answers: dict[Found, DeviceStatus] = {}
+    for (resource, request), devices in by_request(chosen).items():
+        asked = claim_request(claim, driver, request, devices)
         backend = devices[0].attached.server.backend
-        config = allocation.config(driver, request)
-        try:
-            checked = None if config is None else backend.claim_config(config.parameters, "parameters")
-        except HookError:
-            checked = None  # the kubelet's prepare refuses the claim, naming the key path
-        asked = ClaimRequest(
-            request,
-            f"{meta['namespace']}/{meta['name']}",
-            meta["uid"],
-            checked,
-            any(bool(d.result.get("adminAccess")) for d in devices),
-            {d.device_id: share for d in devices if (share := share_of(d.result)) is not None},
-        )
-        said = await device_status(backend, resource, tuple(d.device_id for d in devices), asked, prepared)
-        answers.update((d, said[d.device_id]) for d in devices if d.device_id in said)
+        said = await device_status(backend, resource, tuple(d.device.id for d in devices), asked, prepared)
+        answers.update((d, said[d.device.id]) for d in devices if d.device.id in said)
     return answers
 
 
-def share_of(result: Mapping[str, Any]) -> Share | None:
-    """The share an allocation result names (a device that allows multiple allocations), or None."""
-    device = allocated_device(result)
-    return Share(device.share_id, device.consumed) if device.share_id else None
-
-
 def entry(
-    result: Mapping[str, Any], status: DeviceStatus, previous: Mapping[str, Any] | None
+    device: AllocatedDevice, status: DeviceStatus, previous: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """The ``status.devices`` entry of one allocated device: ``previous`` (what the claim shows)
     with ``status`` applied."""
     previous = previous or {}
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    written: dict[str, Any] = {k: result[k] for k in ("driver", "pool", "device", "shareID") if result.get(k)}
+    named = zip(("driver", "pool", "device", "shareID"), device.key, strict=True)
+    written: dict[str, Any] = {k: v for k, v in named if v}
     conditions = {c["type"]: dict(c) for c in previous.get("conditions", ())}
     for kind, condition in status.conditions.items():
         value = "True" if condition.status else "False"
@@ -207,8 +174,8 @@ def network_data(network: NetworkData) -> dict[str, Any]:
 def merged(existing: Sequence[Mapping[str, Any]], entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``existing`` with each of ``entries`` in place of the one of the same device (appended
     when there is none), in order."""
-    new = {_key(e): e for e in entries}
-    result = [new.pop(_key(d), dict(d)) for d in existing]
+    new = {status_key(e): e for e in entries}
+    result = [new.pop(status_key(d), dict(d)) for d in existing]
     return result + list(new.values())
 
 
@@ -216,47 +183,29 @@ async def after_prepare(
     cluster: Cluster,
     driver: str,
     resources: Mapping[str, Attached],
-    answers: Mapping[str, object],
-    refs: Sequence[tuple[str, str, str]],
+    answers: Mapping[str, PreparedClaim | str],
+    reads: Mapping[str, ClaimAllocation | BaseException],
     log: structlog.typing.FilteringBoundLogger,
 ) -> None:
-    """The status of each claim of ``refs`` just prepared (its answer not an error), written within :data:`AFTER_PREPARE_TIMEOUT` when a
-    backend of this driver has the hook; a failure is logged, never the claim's (its devices are
-    prepared: the status only lacks their data)."""
+    """The status of each claim just prepared (its answer not an error), written within
+    :data:`AFTER_PREPARE_TIMEOUT` when a backend of this driver has the hook, from the claim as
+    prepare read it (``reads``; read here, once, for a claim prepared before the call); a failure
+    is logged, never the claim's (its devices are prepared: the status only lacks their data)."""
     if not any(a.server.backend.implements(HOOK) for a in resources.values()):
         return
-    for namespace, uid, name in refs:
-        if isinstance(answers.get(uid), str):
+    for uid, prepared in answers.items():
+        if isinstance(prepared, str):
             continue
+        read = reads.get(uid)
+        claim = read if isinstance(read, ClaimAllocation) else None
         try:
             async with asyncio.timeout(AFTER_PREPARE_TIMEOUT):
-                await write_status(cluster, driver, resources, (namespace, uid, name), prepared=True)
-        except (ClusterError, HookError, TimeoutError) as exc:
-            log.warning(
-                "device status not written",
-                claim=f"{namespace}/{name}",
-                uid=uid,
-                error=str(exc) or "timed out",
-            )
-
-
-def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    allocation = claim.get("status", {}).get("allocation") or {}
-    return list((allocation.get("devices") or {}).get("results") or ())
-
-
-def _statuses(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [dict(d) for d in claim.get("status", {}).get("devices") or ()]
-
-
-def _key(device: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    return (
-        device.get("driver", ""),
-        device.get("pool", ""),
-        device.get("device", ""),
-        device.get("shareID") or "",
-    )
-
-
-def _find(statuses: Sequence[Mapping[str, Any]], result: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next((d for d in statuses if _key(d) == _key(result)), None)
+                if claim is None:
+                    claim = await reread(
+                        cluster, ClaimAllocation(uid, (), (), prepared.namespace, prepared.name)
+                    )
+                if claim is not None:
+                    await write_status(cluster, driver, resources, claim, prepared=True)
+        except (ClusterError, HookError, ClaimRefused, TimeoutError) as exc:
+            where = f"{prepared.namespace}/{prepared.name}"
+            log.warning("device status not written", claim=where, uid=uid, error=str(exc) or "timed out")

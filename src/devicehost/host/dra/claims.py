@@ -5,7 +5,7 @@ per resource and request for the claim's devices (with the request's name, its o
 configuration checked by the backend's model, and its admin access), writes what that gave as a
 CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
 before answering; asked again, it answers the same. Unprepare calls the release hook for the
-claim's devices that no other prepared claim holds (an admin-access claim may share a device
+claim's devices that no other prepared claim takes (an admin-access claim may share a device
 with a normal one), removes the spec and forgets the claim. While prepared, a device is
 advertised Unhealthy to the device plugin side, so a resource served through both APIs never
 hands one device out twice.
@@ -17,53 +17,33 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Device, Health, Share
+from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Share
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
+from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, Request, requests_of
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
+from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
+from devicehost.host.dra.specs import ClaimSpecs
 
 if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
     from devicehost.host.serving.resource import ResourceServer
 
 log = structlog.get_logger(__name__)
 
-HOLD = "dra"
-"""The reason prepared devices are held on the device plugin side."""
+MASK_REASON = "dra"
+"""Why prepared claims' devices are masked on the device plugin side."""
 READS = 16
 """ResourceClaims read from the API server at once for one driver."""
 READ_TIMEOUT = 10.0
 """Seconds one claim's read may take (the kubelet's own deadline for the call is 45 s)."""
-
-
-@dataclass
-class Attached:
-    """A resource served through a driver: its server, pool and slice, and the task publishing it."""
-
-    server: ResourceServer
-    pool: str
-    slice: str
-    follow: asyncio.Task[None]
-
-
-@dataclass(frozen=True)
-class Picked:
-    """One allocated device of a claim, found in what this host publishes."""
-
-    device: str
-    """Its DRA name."""
-    device_id: str
-    admin_access: bool
-    share: Share | None = None
-    """Its share, on a device that allows multiple allocations."""
 
 
 class Claims:
@@ -76,11 +56,9 @@ class Claims:
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
         device_plugin_holds: Callable[[str], frozenset[str]],
-        cdi_dir: Path | None = None,
+        context: HostContext | None = None,
     ) -> None:
         self._driver = driver
-        self._cdi_dir = cdi_dir
-        """Where the claims' CDI specs go: the host's ``cdi_dir`` (None: ``devicehost.cdi``'s default)."""
         self._cluster = cluster
         self.checkpoint = checkpoint
         self._resources = resources
@@ -93,17 +71,26 @@ class Claims:
         """Unhealthy devices are published with a taint: the scheduler gave one only to a claim
         that tolerates it, so prepare takes it (else it was withdrawn, and is refused)."""
         self.log = log.bind(driver=driver)
+        self.specs = ClaimSpecs(driver, context, self.log)
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Each claim prepared (or as prepared before), or the one-line reason it is not.
+    async def follow_cdi_dir(self) -> None:
+        """Move the prepared claims' CDI specs to the host's ``cdi_dir`` if a reload changed it."""
+        async with owned(self._lock, self.checkpoint, self._resources):
+            self.specs.follow(self.checkpoint.claims)
 
-        The claims are read from the API server at once, outside the lock, so one slow read does
-        not hold the others; then they are prepared one at a time, and the checkpoint is written
-        once for all of them before the kubelet gets the answer.
-        """
+    async def read(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimAllocation | BaseException]:
+        """Those of ``claims`` not prepared yet, read from the API server at once (outside the
+        lock, so one slow read does not hold the others), by UID: each claim is read once a call."""
         new = [ref for ref in claims if ref[1] not in self.checkpoint.claims]
         reads = await asyncio.gather(*(self._read(*ref) for ref in new), return_exceptions=True)
-        allocations = dict(zip((ref[1] for ref in new), reads, strict=True))
+        return dict(zip((ref[1] for ref in new), reads, strict=True))
+
+    async def prepare(
+        self, claims: Sequence[ClaimRef], reads: Mapping[str, ClaimAllocation | BaseException] | None = None
+    ) -> dict[str, PreparedClaim | str]:
+        """Each claim prepared (or as prepared before), or the one-line reason it is not; ``reads`` as
+        :meth:`read` gave them (read here when None). The checkpoint is written once for all."""
+        allocations = await self.read(claims) if reads is None else reads
         answers: dict[str, PreparedClaim | str] = {}
         async with owned(self._lock, self.checkpoint, self._resources):
             await self._prepare_all(claims, allocations, answers)
@@ -122,9 +109,11 @@ class Claims:
                     read = allocations.get(uid)
                     if read is None:  # prepared when the reads began, unprepared since
                         read = await self._read(namespace, uid, name)
-                    prepared = await self._prepare(namespace, uid, name, read)
+                    if isinstance(read, BaseException):
+                        raise refusal(read, f"{namespace}/{name}")
+                    prepared = await self._prepare(read)
                 answers[uid] = prepared
-            except _ClaimRefused as exc:
+            except ClaimRefused as exc:
                 self.log.error("claim not prepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc))
                 answers[uid] = str(exc)
 
@@ -136,35 +125,30 @@ class Claims:
                 try:
                     await self._unprepare(uid)
                     errors[uid] = ""
-                except _ClaimRefused as exc:
+                except ClaimRefused as exc:
                     self.log.error(
                         "claim not unprepared", claim=f"{namespace}/{name}", uid=uid, error=str(exc)
                     )
                     errors[uid] = str(exc)
         return errors
 
-    async def _prepare(
-        self, namespace: str, uid: str, name: str, read: ClaimAllocation | BaseException
-    ) -> PreparedClaim:
-        if isinstance(read, BaseException):
-            if isinstance(read, _ClaimRefused):
-                raise read
-            raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
-        kind = names.cdi_kind(self._driver, uid)
-        picked = pick(read.devices, self._resources, self._device_plugin_holds, self.tainted)
-        devices, spec_devices = await self._allocate(kind, f"{namespace}/{name}", uid, read, picked)
+    async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
+        namespace, uid, name = read.namespace, read.uid, read.name
+        kind = self.specs.kind(uid)
+        asked = requests_of(read, self._driver, self._resources, self._device_plugin_holds, self.tainted)
+        devices, spec_devices = await self._allocate(kind, asked)
         if spec_devices:
             try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir)
+                self.specs.write(uid, spec_devices)
             except (OSError, ValueError) as exc:
                 await self._release(
                     devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
                 )
-                raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
+                raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
         claim = PreparedClaim(uid, namespace, name, tuple(devices))
         self.checkpoint.add(claim)
-        for resource, held in claim.by_resource().items():
-            hold(self._resources[resource].server, held, True)
+        for resource, ids in claim.by_resource().items():
+            mask(self._resources[resource].server, ids, True)
         self.prepared += 1
         self.log.info(
             "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
@@ -172,29 +156,24 @@ class Claims:
         return claim
 
     async def _allocate(
-        self,
-        kind: str,
-        claim: str,
-        uid: str,
-        allocation: ClaimAllocation,
-        picked: Mapping[tuple[str, str], list[Picked]],
+        self, kind: str, requests: Sequence[Request]
     ) -> tuple[list[PreparedDevice], list[cdi.Device]]:
         """One allocate call per resource and request; what is allocated is released again if a
         later call fails. Each request's first device carries the CDI IDs its containers get."""
         devices: list[PreparedDevice] = []
         spec_devices: list[cdi.Device] = []
-        for (resource, request), chosen in picked.items():
-            attached = self._resources[resource]
-            ids = tuple(p.device_id for p in chosen)
+        for resource, attached, chosen, asked in requests:
+            ids = tuple(p.device.id for p in chosen)
             try:
-                asked = claim_request(self._driver, attached, allocation, request, chosen, (claim, uid))
                 given = await attached.server.backend.allocate(resource, ids, asked)
-            except (HookError, _ClaimRefused) as exc:
-                await self._release(devices, "a later allocation of the claim failed", (claim, uid))
-                raise _ClaimRefused(str(exc)) from None
-            spec_device, cdi_ids = cdi_answer(kind, request, resource, given)
+            except HookError as exc:
+                await self._release(
+                    devices, "a later allocation of the claim failed", (asked.claim, asked.uid)
+                )
+                raise ClaimRefused(str(exc)) from None
+            spec_device, cdi_ids = cdi_answer(kind, asked.name, resource, given)
             spec_devices.extend([spec_device] if spec_device else [])
-            devices.extend(prepared_devices(request, attached.pool, resource, chosen, cdi_ids))
+            devices.extend(prepared_devices(asked.name, attached.pool, resource, chosen, cdi_ids))
         return devices, spec_devices
 
     async def _release(
@@ -208,55 +187,29 @@ class Claims:
             return  # never prepared here, or unprepared already: nothing to undo
         await self._release(claim.devices, "unprepared", (f"{claim.namespace}/{claim.name}", uid), but=uid)
         with contextlib.suppress(ValueError):
-            cdi.remove_spec(names.cdi_kind(self._driver, uid), self._cdi_dir)
+            self.specs.remove(uid)
         self.checkpoint.remove(uid)
         still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():
-            hold(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
+            mask(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
 
 
-def claim_request(
-    driver: str,
-    attached: Attached,
-    allocation: ClaimAllocation,
-    request: str,
-    chosen: Sequence[Picked],
-    claim: tuple[str, str],
-) -> ClaimRequest:
-    """What the allocate hook gets for ``request``: its configuration, admin access and shares."""
-    config = request_config(driver, attached, allocation, request)
-    admin = any(p.admin_access for p in chosen)
-    shares = {p.device_id: p.share for p in chosen if p.share is not None}
-    return ClaimRequest(request, claim[0], claim[1], config, admin, shares)
-
-
-def request_config(driver: str, attached: Attached, allocation: ClaimAllocation, request: str) -> object:
-    """The request's opaque configuration for ``driver``, checked by the backend's model."""
-    config = allocation.config(driver, request)
-    if config is None:
-        return None
-    try:
-        return attached.server.backend.claim_config(config.parameters, "parameters")
-    except HookError as exc:
-        raise _ClaimRefused(f"request {request!r}: {exc}") from None
-
-
 def prepared_devices(
-    request: str, pool: str, resource: str, chosen: Sequence[Picked], cdi_ids: tuple[str, ...]
+    request: str, pool: str, resource: str, chosen: Sequence[Found], cdi_ids: tuple[str, ...]
 ) -> list[PreparedDevice]:
     """The request's devices as the checkpoint keeps them; the first carries the CDI IDs."""
     return [
         PreparedDevice(
             request,
             pool,
-            p.device,
+            p.allocated.device,
             resource,
-            p.device_id,
+            p.device.id,
             cdi_ids if n == 0 else (),
-            p.admin_access,
-            p.share.id if p.share else "",
-            dict(p.share.consumed) if p.share else {},
+            p.allocated.admin_access,
+            p.allocated.share_id,
+            dict(p.allocated.consumed) if p.allocated.share_id else {},
         )
         for n, p in enumerate(chosen)
     ]
@@ -284,7 +237,7 @@ async def release_free(
     but: str,
     log: structlog.typing.FilteringBoundLogger,
 ) -> None:
-    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) holds, and
+    """Call the release hook for ``devices`` that no prepared claim (``but`` left out) takes, and
     for every share among them (a share is the claim's own; ``claim`` is its name and UID).
 
     Used when a failed prepare gives back what it allocated (failures are logged: the claim
@@ -294,23 +247,23 @@ async def release_free(
     for resource, ids, shares in calls:
         attached = resources.get(resource)
         if attached is None:
-            raise _ClaimRefused(f"{resource} is not served right now; asked again later")
+            raise ClaimRefused(f"{resource} is not served right now; asked again later")
         try:
             await attached.server.backend.release(resource, ids, shares)
         except HookError as exc:
             if but:
-                raise _ClaimRefused(str(exc)) from None
+                raise ClaimRefused(str(exc)) from None
             log.error("release after a failed prepare failed", resource=resource, error=str(exc))
     if calls and not but:
         log.warning("allocated devices released again", why=why, devices={r: ids for r, ids, _ in calls})
 
 
 def release_calls(
-    devices: Collection[PreparedDevice], held: Collection[tuple[str, str]], claim: tuple[str, str]
+    devices: Collection[PreparedDevice], taken: Collection[tuple[str, str]], claim: tuple[str, str]
 ) -> list[tuple[str, tuple[str, ...], ClaimRequest | None]]:
     """The release hook's calls for ``devices``: one per resource for the whole devices no other
-    claim ``held``, then one per resource and request for the shares, with their claim request."""
-    whole = by_resource(d for d in devices if not d.share and (d.resource, d.device_id) not in held)
+    claim has ``taken``, then one per resource and request for the shares, with their claim request."""
+    whole = by_resource(d for d in devices if not d.share and (d.resource, d.device_id) not in taken)
     calls: list[tuple[str, tuple[str, ...], ClaimRequest | None]] = [
         (resource, ids, None) for resource, ids in whole.items()
     ]
@@ -329,34 +282,34 @@ def release_calls(
 async def owned(
     lock: asyncio.Lock, checkpoint: Checkpoint, resources: Mapping[str, Attached]
 ) -> AsyncIterator[None]:
-    """One kubelet call's hold of the checkpoint (``lock``: one call of this host at a time): as
+    """One kubelet call owning the checkpoint (``lock``: one call of this host at a time): as
     the file has it, written once at the end (:meth:`Checkpoint.owned`). Another instance of the
     driver (a rolling update) may have prepared or unprepared claims meanwhile: the device plugin
-    side's holds follow."""
+    side's masks follow."""
     async with lock:
         before = checkpoint.held()
         async with checkpoint.owned():
             after = checkpoint.held()
-            for holding, changed in ((True, after - before), (False, before - after)):
+            for masked, changed in ((True, after - before), (False, before - after)):
                 for resource, ids in by_resource_ids(changed).items():
                     if resource in resources:
-                        hold(resources[resource].server, ids, holding)
+                        mask(resources[resource].server, ids, masked)
             yield
 
 
-def by_resource_ids(held: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+def by_resource_ids(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     """(resource, device ID) pairs as device IDs by resource, sorted."""
     grouped: dict[str, list[str]] = {}
-    for resource, device_id in sorted(held):
+    for resource, device_id in sorted(pairs):
         grouped.setdefault(resource, []).append(device_id)
     return grouped
 
 
-def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
-    """Advertise ``ids`` Unhealthy on the device plugin side while claims hold them (or stop); a
+def mask(server: ResourceServer, ids: Collection[str], masked: bool) -> None:
+    """Advertise ``ids`` Unhealthy on the device plugin side while prepared claims take them (or stop); a
     resource served through DRA only has no such side, and its table is left as it is."""
     if server.device_plugin:
-        server.table.hold(ids, HOLD, holding)
+        server.table.hold(ids, MASK_REASON, masked)
 
 
 async def read_bounded(
@@ -370,60 +323,29 @@ async def read_bounded(
             async with asyncio.timeout(READ_TIMEOUT):
                 return await read_claim(cluster, driver, namespace, uid, name)
         except TimeoutError:
-            raise _ClaimRefused(
+            raise ClaimRefused(
                 f"reading ResourceClaim {namespace}/{name}: no answer within {READ_TIMEOUT:g} s"
             ) from None
 
 
 async def read_claim(cluster: Cluster, driver: str, namespace: str, uid: str, name: str) -> ClaimAllocation:
-    """The claim's allocation with only this driver's devices, from the API server."""
+    """The claim, from the API server; refused unless it is the one named and has devices of ``driver``."""
     try:
         allocation = await cluster.claim(namespace, name)
     except ClusterError as exc:
-        raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
+        raise ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {exc}") from None
     if allocation.uid != uid:
-        raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has UID {allocation.uid}, not {uid}")
-    mine = tuple(d for d in allocation.devices if d.driver == driver)
-    if not mine:
-        raise _ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {driver}")
-    return replace(allocation, devices=mine)
+        raise ClaimRefused(f"ResourceClaim {namespace}/{name} has UID {allocation.uid}, not {uid}")
+    if not allocation.devices_of(driver):
+        raise ClaimRefused(f"ResourceClaim {namespace}/{name} has no devices of driver {driver}")
+    return replace(allocation, namespace=namespace, name=name)
 
 
-def pick(
-    allocated: Sequence[AllocatedDevice],
-    resources: Mapping[str, Attached],
-    device_plugin_holds: Callable[[str], frozenset[str]],
-    tainted: bool = False,
-) -> dict[tuple[str, str], list[Picked]]:
-    """The allocated devices by (resource, request), each found and checked; an unhealthy one only
-    where it is ``tainted`` (published with a taint the claim must have tolerated)."""
-    by_pool = {a.pool: a for a in resources.values()}
-    named: dict[str, dict[str, Device]] = {}  # pool -> DRA device name -> device, built once a pool
-    picked: dict[tuple[str, str], list[Picked]] = {}
-    for device in allocated:
-        attached = by_pool.get(device.pool)
-        if attached is None:
-            raise _ClaimRefused(f"pool {device.pool!r} is not served by this host")
-        if device.pool not in named:
-            named[device.pool] = {names.device_name(d.id): d for d in attached.server.table.devices}
-        found = named[device.pool].get(device.device)
-        if found is None:
-            raise _ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
-        if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
-            raise _ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
-        resource = attached.server.name
-        if found.id in device_plugin_holds(resource):
-            raise _ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
-        share = Share(device.share_id, device.consumed) if device.share_id else None
-        same = picked.setdefault((resource, device.request), [])
-        if any(p.device == device.device for p in same):
-            raise _ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
-        same.append(Picked(device.device, found.id, device.admin_access, share))
-    return picked
-
-
-class _ClaimRefused(Exception):
-    """A claim cannot be prepared or unprepared; the message is the claim's error."""
+def refusal(read: BaseException, claim: str) -> ClaimRefused:
+    """What a failed read of ``claim`` answers the kubelet."""
+    if isinstance(read, ClaimRefused):
+        return read
+    return ClaimRefused(f"reading ResourceClaim {claim}: {read!r}")
 
 
 def _say_annotations_dropped(allocation: ContainerAllocation) -> None:

@@ -40,7 +40,8 @@ class Cluster(Protocol):
         """The Node object's UID (ResourceSlices are owned by it, and go when it goes)."""
 
     async def claim(self, namespace: str, name: str) -> ClaimAllocation:
-        """The named ResourceClaim's UID and allocation (no devices when not allocated)."""
+        """The named ResourceClaim: UID, allocation (no devices when not allocated), configuration
+        and ``status.devices``, parsed once (:func:`devicehost.resourceapi.claim_allocation`)."""
 
     async def slices(self, node: str, driver: str) -> dict[str, Mapping[str, Any]]:
         """This node's ResourceSlices of ``driver``, by name."""
@@ -63,16 +64,13 @@ class Cluster(Protocol):
 
     # -- claim status (binding conditions, device status) --
 
-    async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
-        """The named ResourceClaim as JSON, with the resourceVersion a status write names."""
-
     async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
-        """Replace a ResourceClaim's status with ``body``'s; :class:`Conflict` when ``body``'s
-        resourceVersion is not the claim's any more."""
+        """Replace a ResourceClaim's status with ``body``'s (a claim's :attr:`ClaimAllocation.body`
+        with a new status); :class:`Conflict` when its resourceVersion is not the claim's any more."""
 
-    def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(``ADDED``, ``MODIFIED`` or ``DELETED``, the claim as JSON) for every ResourceClaim of
-        every namespace, those there now first, then as they change, for ever."""
+    def claim_events(self) -> AsyncIterator[tuple[str, ClaimAllocation]]:
+        """(``ADDED``, ``MODIFIED`` or ``DELETED``, the claim) for every ResourceClaim of every
+        namespace, those there now first, then as they change, for ever."""
 
     async def close(self) -> None:
         """Let go of connections."""

@@ -28,9 +28,10 @@ import structlog
 
 from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
+from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
-from devicehost.host.dra.claims import Attached, Claims, hold
+from devicehost.host.dra.claims import Claims, mask
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import (
@@ -51,6 +52,7 @@ from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_
 from devicehost.resourceapi import UNHEALTHY_TAINT
 
 if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
     from devicehost.host.serving.resource import ResourceServer
 
 log = structlog.get_logger(__name__)
@@ -62,21 +64,35 @@ SERVER_STOP_GRACE = 0.5
 
 @dataclass(frozen=True)
 class DraSetup:
-    """What every driver of one host start shares."""
+    """What every driver of one host start shares; its settings are read in ``context`` when used."""
 
+    context: HostContext
     cluster: Cluster
-    node: str
-    plugins_dir: Path
-    registry_dir: Path
     token: str
-    socket_mode: int
     device_plugin_holds: Callable[[str], frozenset[str]]
     """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
-    cdi_dir: Path | None = None
-    """The host's ``cdi_dir``, where each claim's CDI spec goes."""
-    unhealthy_taint: str | None = None
-    """The effect of an unhealthy device's taint, where the API keeps taints; "none": withdraw it;
-    None: each resource's own choice (``Resource.unhealthy_taint``), else NoSchedule."""
+
+    @property
+    def node(self) -> str:
+        return self.context.node_name
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.context.config.dra_plugins_dir
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.context.config.plugins_registry_dir
+
+    @property
+    def socket_mode(self) -> int:
+        return self.context.config.socket_mode
+
+    @property
+    def unhealthy_taint(self) -> str | None:
+        """The effect of an unhealthy device's taint, where the API keeps taints; "none": withdraw
+        it; None: each resource's own choice (``Resource.unhealthy_taint``), else NoSchedule."""
+        return self.context.config.dra_unhealthy_taint
 
 
 class Changes:
@@ -113,7 +129,7 @@ class DraDriver:
             Checkpoint(self.directory / CHECKPOINT_FILE),
             self.resources,
             setup.device_plugin_holds,
-            setup.cdi_dir,
+            setup.context,
         )
         self.registered = False
         self.changes = Changes()
@@ -194,13 +210,15 @@ class DraDriver:
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
-        held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
-        hold(server, held, True)  # prepared before a restart too
+        taken = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
+        mask(server, taken, True)  # prepared before a restart too
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Prepare the claims, then write the status of those prepared (the device status hook)."""
-        answers = await self.claims.prepare(claims)
-        await self.binding.after_prepare(answers, claims)
+        """Prepare the claims, then write the status of those prepared (the device status hook),
+        each claim read from the API server once for both."""
+        reads = await self.claims.read(claims)
+        answers = await self.claims.prepare(claims, reads)
+        await self.binding.after_prepare(answers, reads)
         return answers
 
     def detach(self, resource: str) -> None:

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from devicehost.hookspecs.types import Api, Resource
-from devicehost.host.config import HostConfig
 from devicehost.host.dra import names
 from devicehost.host.state import DraState, ResourceState
 
 if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
     from devicehost.host.dra.cluster import Cluster
     from devicehost.host.dra.driver import DraDriver, DraSetup
     from devicehost.host.serving.resource import ResourceServer
 
 
-def kube_cluster(config: HostConfig) -> Cluster:
+def kube_cluster(context: HostContext) -> Cluster:
     """The API server client (lightkube is imported only here, only when DRA is on)."""
     from devicehost.host.dra.kube import KubeCluster
 
-    return KubeCluster(config.kubeconfig)
+    return KubeCluster(context.config.kubeconfig)
+
+
+def served_through(operator: Mapping[str, Api], backend: str, resource: Resource) -> Api:
+    """The API a resource is served through, the one rule the host and the webhook share: the
+    operator's ``serve_through`` of the resource, else of its backend, else what the backend
+    declared on the resource, else ``device-plugin``."""
+    return operator.get(resource.name) or operator.get(backend) or resource.serve_through or "device-plugin"
 
 
 class DraDrivers:
@@ -34,15 +41,15 @@ class DraDrivers:
 
     def __init__(
         self,
-        config: HostConfig,
+        context: HostContext,
         token: str,
         *,
         cluster: Callable[[], Cluster] | None = None,
         device_plugin_holds: Callable[[str], frozenset[str]],
     ) -> None:
-        self._config = config
+        self._context = context
         self._token = token
-        self._make_cluster = cluster or (lambda: kube_cluster(config))
+        self._make_cluster = cluster or (lambda: kube_cluster(context))
         self._cluster: Cluster | None = None
         self._holds = device_plugin_holds
         self.drivers: dict[str, DraDriver] = {}
@@ -50,22 +57,20 @@ class DraDrivers:
         self._starting = asyncio.Lock()
 
     def api(self, backend: str, resource: Resource) -> Api:
-        """The operator's ``serve_through`` of the resource, else of its backend, else what the
-        backend declared on the resource, else ``device-plugin``."""
-        through = self._config.serve_through
-        return through.get(resource.name) or through.get(backend) or resource.serve_through or "device-plugin"
+        """The API ``resource`` of ``backend`` is served through (:func:`served_through`)."""
+        return served_through(self._context.config.serve_through, backend, resource)
 
     async def attach(self, server: ResourceServer, api: Api) -> None:
         """Serve ``server``'s resource through DRA too; a driver that cannot start is logged, and
         the resource keeps what else it is served through."""
-        if not self._config.node_name:
+        if not self._context.node_name:
             server.log.error(
                 "not served through DRA: node_name is unset (ResourceSlices belong to a node); "
                 "set it, --node-name, or DEVICEHOST_NODE_NAME",
                 serve_through=api,
             )
             return
-        name = names.driver_name(server.name, self._config.dra_drivers)
+        name = names.driver_name(server.name, self._context.config.dra_drivers)
         async with self._starting:  # resources start together: one driver per name, started once
             driver = self.drivers.get(name)
             if driver is None:
@@ -99,6 +104,11 @@ class DraDrivers:
         dra = DraState(driver.name, only, driver.registered, slice_name, prepared)
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
 
+    async def follow_cdi_dir(self) -> None:
+        """After a reload: every driver's prepared claims' CDI specs moved to the new ``cdi_dir``."""
+        for driver in list(self.drivers.values()):
+            await driver.claims.follow_cdi_dir()
+
     async def close(self) -> None:
         """Stop every driver (their slices deleted) and let go of the API server."""
         for driver in list(self.drivers.values()):
@@ -115,15 +125,4 @@ class DraDrivers:
 
         if self._cluster is None:
             self._cluster = self._make_cluster()
-        config = self._config
-        return DraSetup(
-            self._cluster,
-            config.node_name,
-            config.dra_plugins_dir,
-            config.plugins_registry_dir,
-            self._token,
-            config.socket_mode,
-            self._holds,
-            config.cdi_dir,
-            config.dra_unhealthy_taint,
-        )
+        return DraSetup(self._context, self._cluster, self._token, self._holds)

@@ -95,21 +95,16 @@ class KubeCluster:
                 if kind == "DELETED" and item.metadata and item.metadata.name:
                     yield item.metadata.name
 
-    async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
-        with _errors(f"ResourceClaim {namespace}/{name}"):
-            claim = await self._api().get(ResourceClaim, name, namespace=namespace)
-        return dict(claim.to_dict())
-
     async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         with _errors(f"writing the status of ResourceClaim {namespace}/{name}"):
             status = cast(ResourceClaimStatus, ResourceClaimStatus.from_dict(dict(body)))
             await self._api().replace(status, name, namespace=namespace)
 
-    async def claim_events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def claim_events(self) -> AsyncIterator[tuple[str, ClaimAllocation]]:
         with _errors("watching ResourceClaims"):
             async for kind, item in self._api().watch(ResourceClaim, namespace=ALL_NS):
-                yield kind, dict(item.to_dict())
+                yield kind, claim_allocation(item.to_dict())
 
     async def close(self) -> None:
         if self._client is not None:

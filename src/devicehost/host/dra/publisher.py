@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -44,6 +44,7 @@ from typing import Any
 import structlog
 
 from devicehost.host.dra.cluster import Cluster, ClusterError
+from devicehost.host.dra.rewatch import problem_kind, rewatch
 from devicehost.host.dra.slices import slice_body
 from devicehost.host.serving.registration import Backoff
 
@@ -52,8 +53,6 @@ STOP_TIMEOUT = 5.0
 PACE_SLACK = 0.01
 """Seconds added to a wait for a pool's interval: asyncio wakes a timer up to its clock resolution
 early, and a sync that found the pool still held for a few microseconds would list slices again."""
-WATCH_MIN_LIFE = 1.0
-"""A watch that ends sooner than this counts as failing (retried with backoff)."""
 MIN_INTERVAL = 1.0
 """Seconds between two writes of one pool: changes inside are merged into one write at the end."""
 
@@ -271,27 +270,15 @@ async def watch_deletions(
 ) -> None:
     """Poke the publisher when a slice of ``driver`` on ``node`` that ``pools`` (the publisher's,
     as they change) want is deleted by anyone, and after every (re)start of the watch, which may
-    have missed deletions; for ever."""
-    backoff = Backoff(0.5, 30.0)
-    loop = asyncio.get_running_loop()
-    while True:
-        started = loop.time()
-        try:
-            async for name in cluster.slice_deletions(node, driver):
-                if any(name == wanted for pool in pools.values() for wanted, _ in pool):
-                    log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
-                    poke()
-            problem = "the watch ended" if loop.time() - started < WATCH_MIN_LIFE else None
-        except ClusterError as exc:
-            problem = str(exc)
-        if problem is None:
-            backoff.reset()
-        else:  # a watch that fails or ends at once is tried again with backoff, never in a spin
-            delay, changed = backoff.fail(problem_kind(problem))
-            if changed:
-                log.warning("watching ResourceSlices failed, retrying with backoff", error=problem)
-            await asyncio.sleep(delay)
-        poke()
+    have missed deletions; for ever (:func:`.rewatch.rewatch`)."""
+
+    def seen(name: str) -> None:
+        if any(name == wanted for pool in pools.values() for wanted, _ in pool):
+            log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
+            poke()
+
+    deletions = functools.partial(cluster.slice_deletions, node, driver)
+    await rewatch(deletions, seen, "ResourceSlices", Backoff(0.5, 30.0), log, restarted=poke)
 
 
 def failed(exc: Exception, backoff: Backoff, log: structlog.typing.FilteringBoundLogger) -> float:
@@ -315,12 +302,6 @@ def newest_generations(published: Iterable[Mapping[str, Any]]) -> dict[str, int]
         name = str(pool.get("name", ""))
         seen[name] = max(seen.get(name, 0), int(pool.get("generation", 0)))
     return seen
-
-
-def problem_kind(problem: str) -> str:
-    """What a failure is, without the numbers that change from one try to the next (a
-    resourceVersion in "Too large resource version: 682, current: 681"): said once, not per try."""
-    return re.sub(r"\d+", "N", problem)
 
 
 def _in_pool(spec: dict[str, Any], slice_count: int, generation: int) -> dict[str, Any]:

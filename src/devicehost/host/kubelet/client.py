@@ -96,6 +96,11 @@ class KubeletClient:
         self._closing: set[asyncio.Task[None]] = set()
         watch.subscribe(self._on_dir_change)
 
+    @property
+    def timeout(self) -> float:
+        """Seconds the next Register may take (the host's live ``register_timeout``)."""
+        return self._timeout()
+
     def _on_dir_change(self, changed: str | None) -> None:
         current = self._current
         if current is not None and self._watch.generation != current.generation:
@@ -179,7 +184,7 @@ class KubeletClient:
         request = api_pb2.RegisterRequest(
             version=API_VERSION, endpoint=endpoint, resource_name=resource, options=options
         )
-        timeout = self._timeout()
+        timeout = self.timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         sock = self._socket()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -29,6 +29,9 @@ from devicehost.host.serving.table import DeviceTable
 from devicehost.host.state import ResourceState
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
+if TYPE_CHECKING:
+    from devicehost.host.context import HostContext
+
 log = structlog.get_logger(__name__)
 
 SERVER_STOP_GRACE = 0.5
@@ -38,15 +41,14 @@ SERVER_STOP_GRACE = 0.5
 class Serving:
     """What the resources of one host start share."""
 
+    context: HostContext
+    """Where a resource reads its settings when it uses them (socket mode, health interval, policy)."""
     registration: Registration
     token: str
     """Makes this host start's socket names unique (rolling updates overlap two hosts)."""
-    socket_mode: int
     request_rediscovery: Callable[[], None]
     observe_allocation: Callable[[str], Callable[[float], None]]
     """The allocation latency observer of a resource, by resource name."""
-    policies: Mapping[str, str] = field(default_factory=dict)
-    """The allocation policy (``devicehost.policies``) of a resource, by name; ``none``: no policy."""
 
 
 class ResourceServer:
@@ -57,20 +59,20 @@ class ResourceServer:
         backend: Backend,
         resource: Resource,
         serving: Serving,
-        interval: float,
         device_plugin: bool = True,
     ) -> None:
         self.backend = backend
         self.device_plugin = device_plugin  # False: served through DRA only
         self.name = resource.name
-        self.health_interval = interval
+        self.context = serving.context
+        """Where it reads its settings when it uses them (socket mode, policy, health interval)."""
         self.table = DeviceTable(resource.devices, resource.counter_sets)
         self.unhealthy_taint = resource.unhealthy_taint
         """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
         self.socket = ServedSocket(
-            self.name, serving.registration.directory, serving.token, serving.socket_mode
+            self.name, serving.registration.directory, serving.token, self.context.config.socket_mode
         )
         self.streams = StreamSet(self.table, lambda epoch: self.registrar.stream_lost(epoch))
         self.servicer = DevicePluginServicer(
@@ -79,7 +81,7 @@ class ResourceServer:
             self.table,
             self.streams,
             serving.observe_allocation(self.name),
-            serving.policies.get(self.name, "none"),
+            self.context.config.preferred_allocation.get(self.name, "none"),
         )
         self.registrar: Registrar = serving.registration.registrar(self)
         self._request_rediscovery = serving.request_rediscovery
@@ -199,9 +201,10 @@ class ResourceServer:
 
 
 async def _poll_health(server: ResourceServer) -> None:
-    """Ask the backend's health hook every ``health_interval`` and apply what it answers."""
+    """Ask the backend's health hook every ``health_interval`` (a reload's new one counts at once)
+    and apply what it answers."""
     while True:
-        await asyncio.sleep(server.health_interval)
+        await server.context.sleep(lambda config: config.health_interval)
         try:
             health = await server.backend.health(server.name, server.table.devices)
         except HookError as exc:

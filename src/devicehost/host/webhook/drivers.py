@@ -19,6 +19,8 @@ from devicehost.hookspecs.types import Resource
 from devicehost.host.backends.backend import Backend, HookError, SettingsRefused
 from devicehost.host.backends.loader import load_backends
 from devicehost.host.config import HostConfig
+from devicehost.host.context import HostContext
+from devicehost.host.dra.drivers import served_through
 from devicehost.host.dra.names import driver_name
 
 log = structlog.get_logger(__name__)
@@ -46,10 +48,9 @@ class DriverTable:
 
 
 def served_through_dra(resource: Resource, backend: str, config: HostConfig) -> bool:
-    """The resource's ``serve_through`` is ``dra`` or ``both`` (the same rule as the host's DRA side)."""
-    through = config.serve_through
-    api = through.get(resource.name) or through.get(backend) or resource.serve_through or "device-plugin"
-    return api in ("dra", "both")
+    """The host serves the resource through DRA (``dra`` or ``both``: the host's own rule,
+    :func:`~devicehost.host.dra.drivers.served_through`)."""
+    return served_through(config.serve_through, backend, resource) in ("dra", "both")
 
 
 def parse_named_drivers(given: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -102,7 +103,9 @@ async def build_table(config: HostConfig, named: Mapping[str, Sequence[str]]) ->
     unknown = sorted(set(named) - {b.name for b in loaded})
     problems += [f"--driver names backend {name}, which is not loaded" for name in unknown]
     table = DriverTable(loaded=tuple(loaded))
+    context = HostContext(config)
     for backend in loaded:
+        backend.link.bind(context)  # told the node and cdi_dir as the host tells them
         try:
             resources = await _discovered(backend, config)
         except SettingsRefused as exc:
