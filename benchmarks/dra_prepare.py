@@ -241,9 +241,12 @@ async def serve_host(directory: Path) -> None:
     async with running_host(
         config, [Backend("bench", backend, config.hook_timeout)], cluster=lambda: cluster
     ):
+        async with asyncio.timeout(START_TIMEOUT):
+            while not (sockets := list(registry.glob(f"devicehost-{DRIVER}-*.sock"))):
+                await asyncio.sleep(0.01)
+        endpoint = (await registered_endpoint(sockets[0])).endpoint  # registered: the driver publishes
         await cluster.wait(lambda c: len(c.devices(DRIVER)) == DEVICES, timeout=START_TIMEOUT)
-        (socket,) = registry.glob(f"devicehost-{DRIVER}-*.sock")
-        print((await registered_endpoint(socket)).endpoint, flush=True)
+        print(endpoint, flush=True)
         async for command, devices in commands():
             assert command == "alloc"
             cluster.claims.clear()  # the previous call's claims are unprepared: forget them

@@ -214,6 +214,7 @@ async def flapping(min_interval: float, seconds: float) -> tuple[float, float, l
     cluster = CountedApiServer()
     host = HostPublisher(cluster, min_interval)
     running = asyncio.create_task(host.publisher.run())
+    host.publisher.open()  # the kubelet registered the driver
     try:
         host.want(table())
         async with asyncio.timeout(10):

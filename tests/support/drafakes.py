@@ -25,6 +25,7 @@ from devicehost.host.daemon import Host
 from devicehost.host.dra.claims import Attached
 from devicehost.host.dra.cluster import ClusterError
 from devicehost.host.serving.table import DeviceTable
+from devicehost.standin.kubelet import KubeletStandIn
 from devicehost.testing.cluster import ClusterStandIn
 from devicehost.testing.host import running_host
 
@@ -190,9 +191,10 @@ def dra_root(prefix: str) -> Iterator[Path]:
 async def dra_host(
     root: Path, backends: Mapping[str, object], cluster: ClusterStandIn, node: str, **settings: Any
 ) -> AsyncIterator[Host]:
-    """The real host serving ``backends`` through DRA only, in ``root``, on ``cluster``."""
+    """The real host serving ``backends`` through DRA only, in ``root``, on ``cluster``, with the
+    kubelet stand-in's plugin watcher on ``root / "registry"`` (it registers the drivers)."""
     (root / "dp").mkdir(exist_ok=True)
-    async with running_host(
+    async with KubeletStandIn(root / "dp", root / "registry"), running_host(
         root / "dp",
         dict(backends),
         cluster=cluster,

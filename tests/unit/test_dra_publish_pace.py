@@ -78,6 +78,7 @@ class Resource:
 @asynccontextmanager
 async def running(publisher: Publisher) -> AsyncIterator[Publisher]:
     task = asyncio.create_task(publisher.run())
+    publisher.open()  # the kubelet registered the driver
     try:
         yield publisher
     finally:

@@ -112,6 +112,7 @@ async def test_the_watch_publishes_a_deleted_slice_again_by_itself() -> None:
     cluster = CountingCluster()
     publisher = Publisher(cluster, NODE, DRIVER)
     running = asyncio.create_task(publisher.run())
+    publisher.open()  # the kubelet registered the driver
     try:
         publisher.want(SLICE, spec("w0"))
         async with asyncio.timeout(5):
@@ -134,6 +135,7 @@ async def test_a_failing_api_server_is_retried_with_backoff_and_logged_once() ->
         publisher = Publisher(cluster, NODE, DRIVER)
         publisher.want(SLICE, spec("w0"))
         running = asyncio.create_task(publisher.run())
+        publisher.open()  # the kubelet registered the driver
         try:
             await asyncio.sleep(1.0)
             tries = cluster.calls["slices"]
@@ -162,6 +164,7 @@ async def test_a_new_problem_is_logged_again() -> None:
         publisher = Publisher(cluster, NODE, DRIVER)
         publisher.want(SLICE, spec("w0"))
         running = asyncio.create_task(publisher.run())
+        publisher.open()  # the kubelet registered the driver
         try:
             await asyncio.sleep(0.35)
             cluster.failing["slices"] = "second problem"
@@ -180,6 +183,7 @@ async def test_withdraw_all_deletes_each_slice_once() -> None:
     with captured_logs() as logs:
         publisher = Publisher(cluster, NODE, DRIVER)
         running = asyncio.create_task(publisher.run())
+        publisher.open()  # the kubelet registered the driver
         publisher.want(SLICE, spec("w0"))
         publisher.want("second", spec("w1"))
         async with asyncio.timeout(5):
@@ -240,6 +244,7 @@ async def test_a_bug_in_publishing_is_logged_with_its_traceback_and_retried() ->
     with captured_logs() as logs:
         publisher = Publisher(cluster, NODE, DRIVER)
         task = asyncio.create_task(publisher.run())
+        publisher.open()  # the kubelet registered the driver
         publisher.want(SLICE, spec("w0"))
         try:
             await cluster.wait(lambda c: SLICE in c.stored, timeout=5)

@@ -239,7 +239,7 @@ class DraDriver:
         self.registered = registered
         if registered:
             self.log.info("registered with the kubelet")
-            self.publisher.poke()  # a starting kubelet deletes the node's slices: publish again
+            self.publisher.open()  # publish now (again: a starting kubelet deletes the node's slices)
         else:
             self.log.error("the kubelet refused the driver", error=error)
 

@@ -5,8 +5,12 @@ change under us too: the kubelet deletes every slice of its node when it starts,
 slices when its plugin is gone for a while. So the publisher compares the two on every change
 (ours, a deletion seen by its watch, the kubelet registering the driver again) and writes only
 the difference. A failing API server is retried with backoff, logged once per problem. Nothing
-is compared before the first pool is wanted: a host starting beside another instance of the
-driver (a rolling update) would otherwise delete the slices that one publishes, and leave a gap.
+is compared before the first pool is wanted and the publisher is opened (:meth:`Publisher.open`:
+the kubelet registered the driver): a host starting beside another instance of the driver (a
+rolling update) would otherwise delete the slices that one publishes, and leave a gap, and the
+scheduler would place claims the kubelet cannot prepare yet (it fails such a pod with "DRA driver
+... is not registered" and does not try it again). Until then the slices published are left as
+they are: those of another instance, or of this host before a restart, are still right.
 
 The host wants pools: a resource's devices are one pool over as many slices as they need. Every
 slice of a pool carries the pool's ``resourceSliceCount`` and ``generation``; the scheduler
@@ -77,6 +81,7 @@ class Publisher:
         self._owner: tuple[str, str] | None = None
         self._dirty = asyncio.Event()
         self._wanted = asyncio.Event()  # set by the first pool wanted
+        self._open = asyncio.Event()  # set once the kubelet registered the driver
         self._synced = asyncio.Event()
         self._backoff = Backoff(0.2, 30.0)
         self._pace = Pace(min_interval)
@@ -113,6 +118,11 @@ class Publisher:
         """Stop publishing the one-slice pool :meth:`want` published as ``name``."""
         self.drop_pool(name)
 
+    def open(self) -> None:
+        """Publish from now on (the kubelet registered the driver: it prepares what is placed)."""
+        self._open.set()
+        self.poke()
+
     def poke(self) -> None:
         """Compare wanted and published soon (a change, a deletion, a kubelet registration)."""
         self._synced.clear()
@@ -123,8 +133,10 @@ class Publisher:
         await self._synced.wait()
 
     async def run(self) -> None:
-        """Keep the slices in step from the first pool wanted until cancelled; a watch pokes on every deletion."""
+        """Keep the slices in step from the first pool wanted once open, until cancelled; a watch
+        pokes on every deletion."""
         await self._wanted.wait()
+        await self._open.wait()
         watching = watch_deletions(self._cluster, self._node, self._driver, self._pools, self.poke, self.log)
         watch = asyncio.create_task(watching, name=f"slice watch {self._driver}")
         try:
