@@ -8,6 +8,7 @@ The host's DRA rooms (claims, publisher, drivers) take these where production pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -68,10 +69,10 @@ class CountingCluster(ClusterStandIn):
         self._count("delete_slice")
         await super().delete_slice(name)
 
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
-        self._count("slice_deletions")
-        async for name in super().slice_deletions(node, driver):
-            yield name
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        self._count("slice_events")
+        async for event in super().slice_events(node, driver):
+            yield event
 
 
 class Recorder:
@@ -189,21 +190,31 @@ def dra_root(prefix: str) -> Iterator[Path]:
 
 @asynccontextmanager
 async def dra_host(
-    root: Path, backends: Mapping[str, object], cluster: ClusterStandIn, node: str, **settings: Any
+    root: Path,
+    backends: Mapping[str, object],
+    cluster: ClusterStandIn,
+    node: str,
+    *,
+    kubelet: bool = True,
+    **settings: Any,
 ) -> AsyncIterator[Host]:
-    """The real host serving ``backends`` through DRA only, in ``root``, on ``cluster``, with the
-    kubelet stand-in's plugin watcher on ``root / "registry"`` (it registers the drivers)."""
+    """The real host serving ``backends`` through DRA only, in ``root``, on ``cluster``; with
+    ``kubelet``, the kubelet stand-in's plugin watcher on ``root / "registry"`` registers its drivers."""
     (root / "dp").mkdir(exist_ok=True)
-    async with KubeletStandIn(root / "dp", root / "registry"), running_host(
-        root / "dp",
-        dict(backends),
-        cluster=cluster,
-        serve_through=dict.fromkeys(backends, "dra"),
-        node_name=node,
-        dra_plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        device_release=False,
-        **settings,
-    ) as host:
-        yield host
+    async with contextlib.AsyncExitStack() as stack:
+        if kubelet:
+            await stack.enter_async_context(KubeletStandIn(root / "dp", root / "registry"))
+        yield await stack.enter_async_context(
+            running_host(
+                root / "dp",
+                dict(backends),
+                cluster=cluster,
+                serve_through=dict.fromkeys(backends, "dra"),
+                node_name=node,
+                dra_plugins_dir=root / "plugins",
+                plugins_registry_dir=root / "registry",
+                cdi_dir=root / "cdi",
+                device_release=False,
+                **settings,
+            )
+        )

@@ -44,7 +44,7 @@ class ApiServerStandIn(ClaimStatuses):
         self.down: str | None = None
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
-        self._deletions: list[asyncio.Queue[str]] = []
+        self._slice_watches: list[asyncio.Queue[tuple[str, Mapping[str, Any]]]] = []
         self.changed = asyncio.Event()
 
     # -- the seam ------------------------------------------------------------------------------
@@ -93,15 +93,19 @@ class ApiServerStandIn(ClaimStatuses):
         self._check()
         self.delete(name)
 
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         self._check()
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        self._deletions.append(queue)
+        queue: asyncio.Queue[tuple[str, Mapping[str, Any]]] = asyncio.Queue()
+        for body in self.stored.values():  # as a watch from no resourceVersion: what is there first
+            queue.put_nowait(("ADDED", body))
+        self._slice_watches.append(queue)
         try:
             while True:
-                yield await queue.get()
+                kind, body = await queue.get()
+                if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver:
+                    yield kind, body
         finally:
-            self._deletions.remove(queue)
+            self._slice_watches.remove(queue)
 
     async def close(self) -> None:
         return None
@@ -110,9 +114,9 @@ class ApiServerStandIn(ClaimStatuses):
 
     def delete(self, name: str) -> None:
         """Delete a slice, as the kubelet does at its start; watchers are told."""
-        if self.stored.pop(name, None) is not None:
-            for queue in self._deletions:
-                queue.put_nowait(name)
+        body = self.stored.pop(name, None)
+        if body is not None:
+            self._tell("DELETED", body)
             self._bump()
 
     def devices(self, driver: str) -> list[tuple[str, str]]:
@@ -167,8 +171,15 @@ class ApiServerStandIn(ClaimStatuses):
             devices = [{k: v for k, v in d.items() if k != "taints"} for d in body["spec"]["devices"]]
             body = {**body, "spec": {**body["spec"], "devices": devices}}
         stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
+        kind = "MODIFIED" if body["metadata"]["name"] in self.stored else "ADDED"
         self.stored[body["metadata"]["name"]] = stored
+        self._tell(kind, stored)
         self._bump()
+
+    def _tell(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Every slice watch gets the change (each keeps the slices of its node and driver)."""
+        for queue in self._slice_watches:
+            queue.put_nowait((kind, body))
 
     def _bump(self) -> None:
         """After every change: wake the waiters (a test's subclass looks at each state here)."""

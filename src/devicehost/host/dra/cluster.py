@@ -58,8 +58,9 @@ class Cluster(Protocol):
     async def delete_slice(self, name: str) -> None:
         """Delete a ResourceSlice; one that is gone already is no error."""
 
-    def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
-        """Names of this node's slices of ``driver`` as they are deleted (by anyone), for ever."""
+    def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        """(``ADDED``, ``MODIFIED`` or ``DELETED``, the slice as JSON) for this node's slices of
+        ``driver``, those there now first, then as anyone changes them, for ever."""
 
     # -- claim status (binding conditions, device status) --
 

@@ -105,7 +105,7 @@ class DraDriver:
         self.name = name
         self._setup = setup
         self.directory = setup.plugins_dir / name
-        self.publisher = Publisher(setup.cluster, setup.node, name)
+        self.publisher = Publisher(setup.cluster, setup.node, name, superseded=self._superseded)
         self.resources: dict[str, Attached] = {}
         self.claims = Claims(
             name,
@@ -235,6 +235,10 @@ class DraDriver:
             raise OSError(f"cannot serve {socket.path}: {exc}") from None
         await server.start()
 
+    def _superseded(self) -> bool:
+        """Whether a newer instance of the driver serves here (a rolling update's new host)."""
+        return bool(other_instances(self._registration_socket.path, newer=True))
+
     def _on_status(self, registered: bool, error: str) -> None:
         self.registered = registered
         if registered:
@@ -256,16 +260,28 @@ def registration_server(
     return server
 
 
-def other_instances(registration: Path) -> list[str]:
+def other_instances(registration: Path, newer: bool = False) -> list[str]:
     """The registration sockets beside ours (``registration``) of the same driver on which a process
-    listens: other instances of it on this node, a rolling update's overlap."""
+    listens: other instances of it on this node, a rolling update's overlap; with ``newer``, only
+    those created after ours."""
     ours = parse_socket_name(registration.name)
+    since = _created(registration) if newer else None
     found = []
     for path in sorted(registration.parent.glob("devicehost-*.sock")):
         theirs = parse_socket_name(path.name)
-        if ours and theirs and path != registration and theirs[0] == ours[0] and is_listening(path):
+        if not (ours and theirs and path != registration and theirs[0] == ours[0]):
+            continue
+        if (since is None or _created(path) > since) and is_listening(path):
             found.append(path.name)
     return found
+
+
+def _created(path: Path) -> float:
+    """When the file at ``path`` was made (its ctime; 0 when it is gone)."""
+    try:
+        return path.lstat().st_ctime
+    except FileNotFoundError:
+        return 0.0
 
 
 async def taint_effect(setup: DraSetup, driver: str, log: structlog.typing.FilteringBoundLogger) -> bool:

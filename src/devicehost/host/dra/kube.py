@@ -89,11 +89,10 @@ class KubeCluster:
         except NotFound:
             pass
 
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         with _errors("watching ResourceSlices"):
             async for kind, item in self._api().watch(ResourceSlice, fields=_mine(node, driver)):
-                if kind == "DELETED" and item.metadata and item.metadata.name:
-                    yield item.metadata.name
+                yield kind, item.to_dict()
 
     async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
         with _errors(f"ResourceClaim {namespace}/{name}"):

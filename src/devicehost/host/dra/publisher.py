@@ -2,9 +2,14 @@
 
 The wanted slices change with discovery, health and the resources attached; the published ones
 change under us too: the kubelet deletes every slice of its node when it starts, and a driver's
-slices when its plugin is gone for a while. So the publisher compares the two on every change
-(ours, a deletion seen by its watch, the kubelet registering the driver again) and writes only
-the difference. A failing API server is retried with backoff, logged once per problem. Nothing
+slices when its plugin is gone for a while, and an operator or a controller may delete or edit
+one. So the publisher compares the two on every change (ours, a deletion or an edit of a slice
+it wrote seen by its watch, the kubelet registering the driver again) and writes only the
+difference: a slice deleted or changed by anything else is written back within ``min_interval``
+(:data:`MIN_INTERVAL`) of the change, said once per slice in the log and counted per pool
+(:attr:`Publisher.restored`). During a rolling update the older instance leaves an edit of a
+slice to the newer one (``superseded``), so two versions that publish a pool differently do not
+rewrite each other's slices for as long as both run. A failing API server is retried with backoff, logged once per problem. Nothing
 is compared before the first pool is wanted and the publisher is opened (:meth:`Publisher.open`:
 the kubelet registered the driver): a host starting beside another instance of the driver (a
 rolling update) would otherwise delete the slices that one publishes, and leave a gap, and the
@@ -42,6 +47,7 @@ import asyncio
 import contextlib
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -70,7 +76,16 @@ Write = tuple[str, dict[str, Any], Mapping[str, Any] | None]
 class Publisher:
     """Publishes the wanted pools of one driver on one node."""
 
-    def __init__(self, cluster: Cluster, node: str, driver: str, min_interval: float = MIN_INTERVAL) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        node: str,
+        driver: str,
+        min_interval: float = MIN_INTERVAL,
+        superseded: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``superseded()``: whether a newer instance of the driver serves this node (then the
+        slices someone else edits are its to write back, not ours)."""
         self._cluster = cluster
         self._node = node
         self._driver = driver
@@ -78,6 +93,10 @@ class Publisher:
         """The wanted slices of each pool, first to last, by the key the caller gave."""
         self._generations: dict[str, int] = {}
         """The last generation written per pool name: one deleted by someone else comes back newer."""
+        self._written: dict[str, dict[str, Any]] = {}
+        """The spec this publisher last wrote per slice name (a slice differing from it was
+        changed by someone else)."""
+        self._superseded = superseded
         self._owner: tuple[str, str] | None = None
         self._dirty = asyncio.Event()
         self._wanted = asyncio.Event()  # set by the first pool wanted
@@ -87,6 +106,8 @@ class Publisher:
         self._pace = Pace(min_interval)
         self.writes = 0
         """Slices created, replaced or deleted so far."""
+        self.restored: Counter[str] = Counter()
+        """Slices written back after someone else deleted or changed them, by pool key."""
         self.log = structlog.get_logger(__name__).bind(driver=driver)
 
     def want_pool(self, key: str, slices: Sequence[WantedSlice]) -> None:
@@ -134,10 +155,10 @@ class Publisher:
 
     async def run(self) -> None:
         """Keep the slices in step from the first pool wanted once open, until cancelled; a watch
-        pokes on every deletion."""
+        pokes on every deletion or edit by someone else."""
         await self._wanted.wait()
         await self._open.wait()
-        watching = watch_deletions(self._cluster, self._node, self._driver, self._pools, self.poke, self.log)
+        watching = watch_slices(self._cluster, self._node, self._driver, self._theirs, self.poke, self.log)
         watch = asyncio.create_task(watching, name=f"slice watch {self._driver}")
         try:
             while True:
@@ -191,14 +212,36 @@ class Publisher:
                 continue
             await self._delete(name, pool)  # not wanted, or in another pool (a pool name is immutable)
             del published[name]
-        for slices in pools:
+        for key, slices in list(self._pools.items()):
             pool = slices[0][1]["pool"]["name"]
             generation = max(self._generations.get(pool, 0), seen.get(pool, 0))
             writes = pool_writes(slices, published, generation)
             if writes and not (coalesce and self._pace.held(pool, waits, started)):
                 for name, spec, current in writes:
+                    self._note_restored(key, name, current)
                     await self._write(name, spec, current)
         return min(waits.values(), default=None)
+
+    def _theirs(self, kind: str, body: Mapping[str, Any]) -> bool:
+        """Whether the watch's event is someone else's deletion or edit of a slice we want (an
+        edit not while a newer instance serves: then it is that one's)."""
+        name = str(body.get("metadata", {}).get("name", ""))
+        if not any(name == wanted for pool in self._pools.values() for wanted, _ in pool):
+            return False
+        if kind == "DELETED":
+            return True
+        return body.get("spec") != self._written.get(name) and not self._superseded()
+
+    def _note_restored(self, key: str, name: str, current: Mapping[str, Any] | None) -> None:
+        """Count and say the write of ``name`` if it undoes someone else's deletion or edit."""
+        ours = self._written.get(name)
+        if ours is None or (current is not None and current.get("spec") == ours):
+            return
+        self.restored[key] += 1
+        if current is None:
+            self.log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
+        else:
+            self.log.warning("ResourceSlice changed by someone else, writing it back", slice=name)
 
     async def _write(self, name: str, spec: dict[str, Any], current: Mapping[str, Any] | None) -> None:
         assert self._owner is not None
@@ -210,6 +253,7 @@ class Publisher:
             version = str(current.get("metadata", {}).get("resourceVersion", ""))
             await self._cluster.replace_slice(slice_body(name, self._owner, spec, version))
         self._generations[pool["name"]] = max(self._generations.get(pool["name"], 0), pool["generation"])
+        self._written[name] = spec
         self.writes += 1
         self.log.info(
             "ResourceSlice published" if current is None else "ResourceSlice updated",
@@ -222,6 +266,7 @@ class Publisher:
     async def _delete(self, name: str, pool: str) -> None:
         self._pace.wrote(pool)
         await self._cluster.delete_slice(name)
+        self._written.pop(name, None)
         self.writes += 1
         self.log.info("ResourceSlice deleted", slice=name)
 
@@ -273,25 +318,24 @@ def pool_writes(
     ]
 
 
-async def watch_deletions(
+async def watch_slices(
     cluster: Cluster,
     node: str,
     driver: str,
-    pools: Mapping[str, Sequence[WantedSlice]],
+    theirs: Callable[[str, Mapping[str, Any]], bool],
     poke: Callable[[], None],
     log: structlog.typing.FilteringBoundLogger,
 ) -> None:
-    """Poke the publisher when a slice of ``driver`` on ``node`` that ``pools`` (the publisher's,
-    as they change) want is deleted by anyone, and after every (re)start of the watch, which may
-    have missed deletions; for ever."""
+    """Poke the publisher on each event of a slice of ``driver`` on ``node`` that ``theirs`` says
+    is someone else's change, and after every (re)start of the watch, which may have missed
+    some; for ever."""
     backoff = Backoff(0.5, 30.0)
     loop = asyncio.get_running_loop()
     while True:
         started = loop.time()
         try:
-            async for name in cluster.slice_deletions(node, driver):
-                if any(name == wanted for pool in pools.values() for wanted, _ in pool):
-                    log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
+            async for kind, body in cluster.slice_events(node, driver):
+                if theirs(kind, body):
                     poke()
             problem = "the watch ended" if loop.time() - started < WATCH_MIN_LIFE else None
         except ClusterError as exc:
