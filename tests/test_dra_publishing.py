@@ -12,18 +12,18 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from drafakes import dra_host, dra_root
 from hostfakes import captured_logs
+from slicewatch import Timeline, Window, longest, missing, noted_kubelet, unregistered
 
 import devicehost
 from devicehost import ContainerAllocation, Device, Resource
 from devicehost.host.daemon import Host
 from devicehost.host.ops.metrics import HostMetrics
-from devicehost.standin.kubelet import KubeletStandIn
 from devicehost.testing.cluster import ClusterStandIn
 
 DRIVER = "example.org"
@@ -45,20 +45,6 @@ class Gpus:
         return ContainerAllocation(envs={"GPUS": ",".join(device_ids)})
 
 
-class Timeline(ClusterStandIn):
-    """The API server stand-in, noting at each change whether the driver's devices are published
-    and whether the kubelet has the driver registered then (``registered``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.registered: Callable[[], bool] = lambda: False
-        self.changes: list[tuple[float, bool, bool]] = []
-
-    def _bump(self) -> None:
-        self.changes.append((time.monotonic(), bool(self.devices(DRIVER)), self.registered()))
-        super()._bump()
-
-
 @pytest.fixture
 def root() -> Iterator[Path]:
     with dra_root("drp-") as made:
@@ -76,52 +62,13 @@ async def serving(root: Path, token: str) -> None:
             await asyncio.sleep(0.01)
 
 
-@contextlib.asynccontextmanager
-async def kubelet_on(root: Path, cluster: Timeline) -> AsyncIterator[KubeletStandIn]:
-    """The kubelet stand-in on ``root``, whose registrations ``cluster`` notes at each change."""
-    kubelet = KubeletStandIn(root / "dp", root / "registry")
-    cluster.registered = lambda: bool(kubelet.dra.endpoints(DRIVER))
-    async with kubelet:
-        yield kubelet
-
-
-class Window:
-    """Samples, every millisecond, whether a claim could be placed on the driver (devices
-    published) while the kubelet has no instance of it registered."""
-
-    def __init__(self, cluster: ClusterStandIn, kubelet: KubeletStandIn) -> None:
-        self.samples: list[tuple[float, bool, bool]] = []
-        self._task = asyncio.create_task(self._sample(cluster, kubelet))
-
-    async def _sample(self, cluster: ClusterStandIn, kubelet: KubeletStandIn) -> None:
-        while True:
-            published = bool(cluster.devices(DRIVER))
-            self.samples.append((time.monotonic(), published, bool(kubelet.dra.endpoints(DRIVER))))
-            await asyncio.sleep(0.001)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-
-    def longest(self, bad: Callable[[bool, bool], bool]) -> float:
-        """The longest run of samples for which ``bad(published, registered)`` holds, in seconds
-        (from its first sample to the next good one)."""
-        longest, since = 0.0, None
-        for at, published, registered in self.samples:
-            if bad(published, registered):
-                since = at if since is None else since
-            elif since is not None:
-                longest, since = max(longest, at - since), None
-        return longest
-
-
 async def test_slices_are_published_only_once_the_kubelet_registered_the_driver(root: Path) -> None:
-    cluster = Timeline()
+    cluster = Timeline(DRIVER)
     async with host(root, cluster) as running:
         await serving(root, running.token)
         await asyncio.sleep(1.0)  # a slice used to be out 0.6 s after the start on a real node
         assert cluster.stored == {}  # no kubelet yet: nothing the scheduler could place
-        async with kubelet_on(root, cluster):
+        async with noted_kubelet(root, cluster):
             await cluster.wait(lambda c: SLICE in c.stored)
     published = [registered for _, present, registered in cluster.changes if present]
     assert published
@@ -129,27 +76,27 @@ async def test_slices_are_published_only_once_the_kubelet_registered_the_driver(
 
 
 async def test_around_a_restart_no_slice_is_out_while_the_driver_is_unregistered(root: Path) -> None:
-    cluster = Timeline()
-    async with kubelet_on(root, cluster) as kubelet:
-        window = Window(cluster, kubelet)
+    cluster = Timeline(DRIVER)
+    async with noted_kubelet(root, cluster) as kubelet:
+        window = Window(cluster, kubelet, DRIVER)
         for _ in range(3):  # the host stops (its slices withdrawn) and starts again
             async with host(root, cluster):
                 await cluster.wait(lambda c: SLICE in c.stored)
                 await asyncio.sleep(0.1)
         await asyncio.sleep(0.1)
         await window.stop()
-    assert window.longest(lambda published, registered: published and not registered) == 0.0
+    assert longest(window.samples, unregistered) == 0.0
     assert all(registered for _, present, registered in cluster.changes if present)
     seen = [published for _, published, _ in window.samples]
     assert sum(a and not b for a, b in itertools.pairwise(seen)) == 3  # it saw each stop
-    gap = window.longest(lambda published, registered: not published)
+    gap = longest(window.samples, missing)
     print(f"restart: devices unpublished for up to {gap:.3f} s, published unregistered 0 s")
 
 
 async def test_a_slice_deleted_or_changed_by_someone_else_is_written_back(root: Path) -> None:
-    cluster = Timeline()
+    cluster = Timeline(DRIVER)
     with captured_logs() as logs:
-        async with kubelet_on(root, cluster), host(root, cluster) as running:
+        async with noted_kubelet(root, cluster), host(root, cluster) as running:
             await cluster.wait(lambda c: SLICE in c.stored)
             original = cluster.stored[SLICE]["spec"]
             await asyncio.sleep(1.1)  # the first write's interval is over: a slice long published
