@@ -108,6 +108,24 @@ async def test_a_slice_deleted_from_outside_comes_back_newer_than_before() -> No
     assert generation(cluster) == 3
 
 
+async def test_nothing_is_compared_or_written_before_the_publisher_is_opened() -> None:
+    cluster = CountingCluster()
+    cluster.stored["left"] = {"spec": {"nodeName": NODE, "driver": DRIVER, "pool": {"name": "old"}}}
+    publisher = Publisher(cluster, NODE, DRIVER)
+    running = asyncio.create_task(publisher.run())
+    try:
+        publisher.want(SLICE, spec("w0"))
+        await asyncio.sleep(0.2)
+        assert cluster.calls == {}  # not even listed: another instance's slices stay as they are
+        publisher.open()  # the kubelet registered the driver
+        async with asyncio.timeout(5):
+            await publisher.synced()
+        assert sorted(cluster.stored) == [SLICE]
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
 async def test_the_watch_publishes_a_deleted_slice_again_by_itself() -> None:
     cluster = CountingCluster()
     publisher = Publisher(cluster, NODE, DRIVER)
