@@ -104,7 +104,7 @@ class DraDriver:
     def __init__(self, name: str, setup: DraSetup) -> None:
         self.name = name
         self._setup = setup
-        self.directory = setup.plugins_dir / name
+        self.directory = names.driver_dir(setup.plugins_dir, name)
         self.publisher = Publisher(setup.cluster, setup.node, name, superseded=self._superseded)
         self.resources: dict[str, Attached] = {}
         self.claims = Claims(
@@ -119,7 +119,7 @@ class DraDriver:
         self.changes = Changes()
         """Bumped whenever a resource's devices change (the kubelet's health stream follows it)."""
         self.log = log.bind(driver=name)
-        self._dra_socket = ServedSocket("dra", self.directory, setup.token, setup.socket_mode)
+        self._dra_socket = ServedSocket(names.DRA_SOCKET, self.directory, setup.token, setup.socket_mode)
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
