@@ -42,19 +42,22 @@ async def dra_host(
 ) -> AsyncIterator[Host]:
     (root / "dp").mkdir(exist_ok=True)
     (root / "registry").mkdir(exist_ok=True)  # the kubelet's plugin watcher dir
-    async with KubeletStandIn(root / "dp", root / "registry"), running_host(
-        root / "dp",
-        {"example": backend or ExampleBackend()},
-        cluster=cluster,
-        serve_through={"example": "dra"},
-        node_name="node-a",
-        dra_plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        device_release=False,
-        backends={"example": {"resources": {"example.com/widget": 4}}},
-        **settings,
-    ) as host:
+    async with (
+        KubeletStandIn(root / "dp", root / "registry"),
+        running_host(
+            root / "dp",
+            {"example": backend or ExampleBackend()},
+            cluster=cluster,
+            serve_through={"example": "dra"},
+            node_name="node-a",
+            dra_plugins_dir=root / "plugins",
+            plugins_registry_dir=root / "registry",
+            cdi_dir=root / "cdi",
+            device_release=False,
+            backends={"example": {"resources": {"example.com/widget": 4}}},
+            **settings,
+        ) as host,
+    ):
         yield host
 
 

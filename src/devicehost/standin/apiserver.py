@@ -96,8 +96,8 @@ class ApiServerStandIn(ClaimStatuses):
     async def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         self._check()
         queue: asyncio.Queue[tuple[str, Mapping[str, Any]]] = asyncio.Queue()
-        for body in self.stored.values():  # as a watch from no resourceVersion: what is there first
-            queue.put_nowait(("ADDED", body))
+        for stored in self.stored.values():  # as a watch from no resourceVersion: what is there first
+            queue.put_nowait(("ADDED", stored))
         self._slice_watches.append(queue)
         try:
             while True:
