@@ -30,6 +30,38 @@ from devicehost.standin.claimstatus import ClaimStatuses, published
 
 NODE_UID = "0f0f0f0f-node-uid"
 
+SliceEvent = tuple[str, Mapping[str, Any]]
+"""A watch event of a ResourceSlice: ``ADDED``, ``MODIFIED`` or ``DELETED``, and the slice."""
+
+
+class SliceWatches:
+    """The open watches of ResourceSlices: each gets every change as the real API server's
+    watch does, the slices there when it opened first (a watch from no resourceVersion)."""
+
+    def __init__(self) -> None:
+        self._queues: list[asyncio.Queue[SliceEvent]] = []
+
+    async def follow(
+        self, stored: Iterable[Mapping[str, Any]], node: str, driver: str
+    ) -> AsyncIterator[SliceEvent]:
+        """The events of ``node``'s slices of ``driver``, those ``stored`` now first, for ever."""
+        queue: asyncio.Queue[SliceEvent] = asyncio.Queue()
+        for body in stored:
+            queue.put_nowait(("ADDED", body))
+        self._queues.append(queue)
+        try:
+            while True:
+                kind, body = await queue.get()
+                if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver:
+                    yield kind, body
+        finally:
+            self._queues.remove(queue)
+
+    def tell(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Every open watch gets the change."""
+        for queue in self._queues:
+            queue.put_nowait((kind, body))
+
 
 class ApiServerStandIn(ClaimStatuses):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
@@ -44,7 +76,7 @@ class ApiServerStandIn(ClaimStatuses):
         self.down: str | None = None
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
-        self._slice_watches: list[asyncio.Queue[tuple[str, Mapping[str, Any]]]] = []
+        self._slice_watches = SliceWatches()
         self.changed = asyncio.Event()
 
     # -- the seam ------------------------------------------------------------------------------
@@ -93,19 +125,10 @@ class ApiServerStandIn(ClaimStatuses):
         self._check()
         self.delete(name)
 
-    async def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[SliceEvent]:
         self._check()
-        queue: asyncio.Queue[tuple[str, Mapping[str, Any]]] = asyncio.Queue()
-        for stored in self.stored.values():  # as a watch from no resourceVersion: what is there first
-            queue.put_nowait(("ADDED", stored))
-        self._slice_watches.append(queue)
-        try:
-            while True:
-                kind, body = await queue.get()
-                if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver:
-                    yield kind, body
-        finally:
-            self._slice_watches.remove(queue)
+        async for event in self._slice_watches.follow(self.stored.values(), node, driver):
+            yield event
 
     async def close(self) -> None:
         return None
@@ -116,7 +139,7 @@ class ApiServerStandIn(ClaimStatuses):
         """Delete a slice, as the kubelet does at its start; watchers are told."""
         body = self.stored.pop(name, None)
         if body is not None:
-            self._tell("DELETED", body)
+            self._slice_watches.tell("DELETED", body)
             self._bump()
 
     def devices(self, driver: str) -> list[tuple[str, str]]:
@@ -173,13 +196,8 @@ class ApiServerStandIn(ClaimStatuses):
         stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
         kind = "MODIFIED" if body["metadata"]["name"] in self.stored else "ADDED"
         self.stored[body["metadata"]["name"]] = stored
-        self._tell(kind, stored)
+        self._slice_watches.tell(kind, stored)
         self._bump()
-
-    def _tell(self, kind: str, body: Mapping[str, Any]) -> None:
-        """Every slice watch gets the change (each keeps the slices of its node and driver)."""
-        for queue in self._slice_watches:
-            queue.put_nowait((kind, body))
 
     def _bump(self) -> None:
         """After every change: wake the waiters (a test's subclass looks at each state here)."""

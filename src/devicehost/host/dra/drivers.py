@@ -96,7 +96,7 @@ class DraDrivers:
         only = api == "dra"
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
-        restored = driver.publisher.restored[state.name]
+        restored = driver.publisher.written.restored[state.name]
         dra = DraState(driver.name, only, driver.registered, slice_name, prepared, restored)
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
 

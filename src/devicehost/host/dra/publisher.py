@@ -7,7 +7,7 @@ one. So the publisher compares the two on every change (ours, a deletion or an e
 it wrote seen by its watch, the kubelet registering the driver again) and writes only the
 difference: a slice deleted or changed by anything else is written back within ``min_interval``
 (:data:`MIN_INTERVAL`) of the change, said once per slice in the log and counted per pool
-(:attr:`Publisher.restored`). During a rolling update the older instance leaves an edit of a
+(:attr:`Written.restored`). During a rolling update the older instance leaves an edit of a
 slice to the newer one (``superseded``), so two versions that publish a pool differently do not
 rewrite each other's slices for as long as both run. A failing API server is retried with backoff, logged once per problem. Nothing
 is compared before the first pool is wanted and the publisher is opened (:meth:`Publisher.open`:
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
 from collections import Counter
@@ -84,19 +85,12 @@ class Publisher:
         min_interval: float = MIN_INTERVAL,
         superseded: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``superseded()``: whether a newer instance of the driver serves this node (then the
-        slices someone else edits are its to write back, not ours)."""
         self._cluster = cluster
         self._node = node
         self._driver = driver
         self._pools: dict[str, list[WantedSlice]] = {}
         """The wanted slices of each pool, first to last, by the key the caller gave."""
-        self._generations: dict[str, int] = {}
-        """The last generation written per pool name: one deleted by someone else comes back newer."""
-        self._written: dict[str, dict[str, Any]] = {}
-        """The spec this publisher last wrote per slice name (a slice differing from it was
-        changed by someone else)."""
-        self._superseded = superseded
+        self.written = Written(superseded)
         self._owner: tuple[str, str] | None = None
         self._dirty = asyncio.Event()
         self._wanted = asyncio.Event()  # set by the first pool wanted
@@ -104,21 +98,13 @@ class Publisher:
         self._synced = asyncio.Event()
         self._backoff = Backoff(0.2, 30.0)
         self._pace = Pace(min_interval)
-        self.writes = 0
-        """Slices created, replaced or deleted so far."""
-        self.restored: Counter[str] = Counter()
-        """Slices written back after someone else deleted or changed them, by pool key."""
         self.log = structlog.get_logger(__name__).bind(driver=driver)
 
     def want_pool(self, key: str, slices: Sequence[WantedSlice]) -> None:
-        """Publish ``slices`` (at least one, all of one pool, first to last) as the pool ``key``.
-
-        A slice name another pool of this publisher has is refused (said, and nothing changes).
-        """
+        """Publish ``slices`` (at least one, all of one pool, first to last) as the pool ``key``; a
+        slice name another pool of this publisher has is refused (said, and nothing changes)."""
         wanted = [(name, spec) for name, spec in slices]
-        taken = {name for other, them in self._pools.items() if other != key for name, _ in them}
-        clash = sorted(taken.intersection(name for name, _ in wanted))
-        if clash:
+        if clash := taken_names(self._pools, key, wanted):
             self.log.error("ResourceSlice names taken by another pool, not published", pool=key, slices=clash)
             return
         if self._pools.get(key) != wanted:
@@ -130,14 +116,6 @@ class Publisher:
         """Stop publishing the pool ``key`` (its slices are deleted)."""
         if self._pools.pop(key, None) is not None:
             self.poke()
-
-    def want(self, name: str, spec: dict[str, Any]) -> None:
-        """Publish ``spec`` as the slice ``name``, a pool of one slice (keyed by ``name``)."""
-        self.want_pool(name, [(name, spec)])
-
-    def drop(self, name: str) -> None:
-        """Stop publishing the one-slice pool :meth:`want` published as ``name``."""
-        self.drop_pool(name)
 
     def open(self) -> None:
         """Publish from now on (the kubelet registered the driver: it prepares what is placed)."""
@@ -156,9 +134,9 @@ class Publisher:
     async def run(self) -> None:
         """Keep the slices in step from the first pool wanted once open, until cancelled; a watch
         pokes on every deletion or edit by someone else."""
-        await self._wanted.wait()
-        await self._open.wait()
-        watching = watch_slices(self._cluster, self._node, self._driver, self._theirs, self.poke, self.log)
+        await asyncio.gather(self._wanted.wait(), self._open.wait())
+        theirs = functools.partial(self.written.theirs, pools=self._pools)
+        watching = watch_slices(self._cluster, self._node, self._driver, theirs, self.poke, self.log)
         watch = asyncio.create_task(watching, name=f"slice watch {self._driver}")
         try:
             while True:
@@ -214,34 +192,13 @@ class Publisher:
             del published[name]
         for key, slices in list(self._pools.items()):
             pool = slices[0][1]["pool"]["name"]
-            generation = max(self._generations.get(pool, 0), seen.get(pool, 0))
+            generation = max(self.written.generations.get(pool, 0), seen.get(pool, 0))
             writes = pool_writes(slices, published, generation)
             if writes and not (coalesce and self._pace.held(pool, waits, started)):
                 for name, spec, current in writes:
-                    self._note_restored(key, name, current)
+                    self.written.restoring(key, name, current, self.log)
                     await self._write(name, spec, current)
         return min(waits.values(), default=None)
-
-    def _theirs(self, kind: str, body: Mapping[str, Any]) -> bool:
-        """Whether the watch's event is someone else's deletion or edit of a slice we want (an
-        edit not while a newer instance serves: then it is that one's)."""
-        name = str(body.get("metadata", {}).get("name", ""))
-        if not any(name == wanted for pool in self._pools.values() for wanted, _ in pool):
-            return False
-        if kind == "DELETED":
-            return True
-        return body.get("spec") != self._written.get(name) and not self._superseded()
-
-    def _note_restored(self, key: str, name: str, current: Mapping[str, Any] | None) -> None:
-        """Count and say the write of ``name`` if it undoes someone else's deletion or edit."""
-        ours = self._written.get(name)
-        if ours is None or (current is not None and current.get("spec") == ours):
-            return
-        self.restored[key] += 1
-        if current is None:
-            self.log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
-        else:
-            self.log.warning("ResourceSlice changed by someone else, writing it back", slice=name)
 
     async def _write(self, name: str, spec: dict[str, Any], current: Mapping[str, Any] | None) -> None:
         assert self._owner is not None
@@ -252,9 +209,7 @@ class Publisher:
         else:
             version = str(current.get("metadata", {}).get("resourceVersion", ""))
             await self._cluster.replace_slice(slice_body(name, self._owner, spec, version))
-        self._generations[pool["name"]] = max(self._generations.get(pool["name"], 0), pool["generation"])
-        self._written[name] = spec
-        self.writes += 1
+        self.written.wrote(name, spec)
         self.log.info(
             "ResourceSlice published" if current is None else "ResourceSlice updated",
             slice=name,
@@ -266,9 +221,64 @@ class Publisher:
     async def _delete(self, name: str, pool: str) -> None:
         self._pace.wrote(pool)
         await self._cluster.delete_slice(name)
-        self._written.pop(name, None)
-        self.writes += 1
+        self.written.deleted(name)
         self.log.info("ResourceSlice deleted", slice=name)
+
+
+class Written:
+    """What a publisher wrote: each slice's spec (a slice that differs was changed by someone
+    else), each pool's newest generation (one deleted by someone else comes back newer), and
+    the slices written back after someone else's deletion or edit.
+
+    ``superseded()``: whether a newer instance of the driver serves this node (then an edit by
+    someone else is that one's to write back, not ours)."""
+
+    def __init__(self, superseded: Callable[[], bool]) -> None:
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.generations: dict[str, int] = {}
+        self.restored: Counter[str] = Counter()
+        """Slices written back after someone else deleted or changed them, by pool key."""
+        self.writes = 0
+        """Slices created, replaced or deleted so far."""
+        self._superseded = superseded
+
+    def wrote(self, name: str, spec: dict[str, Any]) -> None:
+        pool = spec["pool"]
+        self.generations[pool["name"]] = max(self.generations.get(pool["name"], 0), pool["generation"])
+        self.specs[name] = spec
+        self.writes += 1
+
+    def deleted(self, name: str) -> None:
+        self.specs.pop(name, None)
+        self.writes += 1
+
+    def theirs(self, kind: str, body: Mapping[str, Any], pools: Mapping[str, Sequence[WantedSlice]]) -> bool:
+        """Whether a watch event is someone else's deletion or edit of a slice ``pools`` want
+        (an edit not while a newer instance serves)."""
+        name = str(body.get("metadata", {}).get("name", ""))
+        if not any(name == wanted for pool in pools.values() for wanted, _ in pool):
+            return False
+        if kind == "DELETED":
+            return True
+        return body.get("spec") != self.specs.get(name) and not self._superseded()
+
+    def restoring(
+        self,
+        key: str,
+        name: str,
+        current: Mapping[str, Any] | None,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        """Count and say a write of ``name`` (of the pool ``key``) that undoes someone else's
+        deletion or edit of it (``current``: the slice as published, None: gone)."""
+        ours = self.specs.get(name)
+        if ours is None or (current is not None and current.get("spec") == ours):
+            return
+        self.restored[key] += 1
+        if current is None:
+            log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
+        else:
+            log.warning("ResourceSlice changed by someone else, writing it back", slice=name)
 
 
 class Pace:
@@ -291,6 +301,14 @@ class Pace:
         if wait > 0:
             waits[pool] = wait
         return pool in waits
+
+
+def taken_names(
+    pools: Mapping[str, Sequence[WantedSlice]], key: str, wanted: Sequence[WantedSlice]
+) -> list[str]:
+    """The names of ``wanted`` (the pool ``key``) that another of ``pools`` has already, sorted."""
+    taken = {name for other, them in pools.items() if other != key for name, _ in them}
+    return sorted(taken.intersection(name for name, _ in wanted))
 
 
 def pool_writes(
