@@ -119,7 +119,7 @@ async def host_under(root: Path, cluster: ClusterStandIn) -> AsyncIterator[Host]
 async def test_a_63_character_driver_and_a_long_resource_serve_under_the_root(root: Path) -> None:
     cluster = ClusterStandIn()
     async with KubeletStandIn(root / "device-plugins", root / "plugins_registry") as kubelet:
-        async with host_under(root, cluster):
+        async with host_under(root, cluster) as first:
             endpoint = await kubelet.dra.wait_for_driver(DRIVER)
             assert len(os.fsencode(endpoint)) <= MAX_UNIX_PATH
             await kubelet.wait_for_resource(LONG_RESOURCE, healthy=1)
@@ -127,8 +127,11 @@ async def test_a_63_character_driver_and_a_long_resource_serve_under_the_root(ro
             claim = cluster.allocate(DRIVER)
             prepared = await kubelet.dra.prepare(DRIVER, [claim])
             assert [d.device for d in prepared[claim[1]]] == ["gpu0"]
-            async with host_under(root, cluster):  # a second host, as in a rolling update
+            async with host_under(root, cluster) as second:  # a second host, as in a rolling update
                 await eventually(lambda: len(kubelet.dra.endpoints(DRIVER)) == 2, "both registered")
+                await eventually(lambda: second.token in first.peers.hosts, "the first sees the second")
+                theirs = socket_name(LONG_RESOURCE, second.token, root / "device-plugins")
+                assert first.peers.hosts[second.token] == (theirs,)  # its long resource's cut name
             assert cluster.devices(DRIVER)  # the one that stopped saw the other: the slice stayed
             assert len(kubelet.dra.endpoints(DRIVER)) == 1
         assert not cluster.devices(DRIVER)
