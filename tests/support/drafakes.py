@@ -57,13 +57,13 @@ class CountingCluster(ClusterStandIn):
         self._count("slices")
         return await super().slices(node, driver)
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._count("create_slice")
-        await super().create_slice(body)
+        return await super().create_slice(body)
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._count("replace_slice")
-        await super().replace_slice(body)
+        return await super().replace_slice(body)
 
     async def delete_slice(self, name: str) -> None:
         self._count("delete_slice")

@@ -151,6 +151,26 @@ async def test_the_watch_publishes_a_deleted_slice_again_by_itself() -> None:
         await asyncio.gather(running, return_exceptions=True)
 
 
+async def test_a_field_the_api_server_drops_does_not_make_its_own_writes_look_like_edits() -> None:
+    """An API server without a feature drops its fields (here device taints): the slice it stores
+    differs from the one written, and the watch must not take that for someone else's edit."""
+    cluster = CountingCluster()
+    tainted = spec("w0")
+    tainted["devices"][0]["taints"] = [{"key": "devicehost.io/unhealthy", "effect": "NoSchedule"}]
+    publisher = Publisher(cluster, NODE, DRIVER, min_interval=0.2)
+    running = asyncio.create_task(publisher.run())
+    publisher.open()
+    try:
+        want(publisher, SLICE, tainted)
+        await cluster.wait(lambda c: SLICE in c.stored)
+        await asyncio.sleep(1.0)  # five write intervals
+        assert cluster.calls["create_slice"] + cluster.calls["replace_slice"] == 1
+        assert publisher.written.restored == {}
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
 async def test_a_failing_api_server_is_retried_with_backoff_and_logged_once() -> None:
     cluster = CountingCluster()
     cluster.failing["slices"] = "listing ResourceSlices: 500 InternalError: etcd is gone"
@@ -256,12 +276,12 @@ async def test_a_bug_in_publishing_is_logged_with_its_traceback_and_retried() ->
     calls = 0
     real = cluster.create_slice
 
-    async def create(body: Any) -> None:
+    async def create(body: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise TypeError("Encoding objects of type Version is unsupported")
-        await real(body)
+        return await real(body)
 
     cluster.create_slice = create  # type: ignore[method-assign]
     with captured_logs() as logs:

@@ -104,14 +104,14 @@ class ApiServerStandIn(ClaimStatuses):
         self._check()
         return self.device_taints_kept
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._check()
         name = body["metadata"]["name"]
         if name in self.stored:
             raise ClusterError(f"creating ResourceSlice {name}: 409 AlreadyExists")
-        self._store(body)
+        return self._store(body)
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._check()
         name = body["metadata"]["name"]
         current = self.stored.get(name)
@@ -119,7 +119,7 @@ class ApiServerStandIn(ClaimStatuses):
             "resourceVersion"
         ):
             raise Conflict(f"replacing ResourceSlice {name}: 409 Conflict")
-        self._store(body)
+        return self._store(body)
 
     async def delete_slice(self, name: str) -> None:
         self._check()
@@ -189,7 +189,7 @@ class ApiServerStandIn(ClaimStatuses):
                 self.changed.clear()
                 await self.changed.wait()
 
-    def _store(self, body: Mapping[str, Any]) -> None:
+    def _store(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self.device_taints_kept and body["spec"].get("devices"):
             devices = [{k: v for k, v in d.items() if k != "taints"} for d in body["spec"]["devices"]]
             body = {**body, "spec": {**body["spec"], "devices": devices}}
@@ -198,6 +198,7 @@ class ApiServerStandIn(ClaimStatuses):
         self.stored[body["metadata"]["name"]] = stored
         self._slice_watches.tell(kind, stored)
         self._bump()
+        return stored
 
     def _bump(self) -> None:
         """After every change: wake the waiters (a test's subclass looks at each state here)."""

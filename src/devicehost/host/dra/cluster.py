@@ -49,11 +49,12 @@ class Cluster(Protocol):
         """Whether the API server keeps device taints on ResourceSlices (feature gate
         ``DRADeviceTaints``; without it the field is dropped): a dry-run create, nothing stored."""
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
-        """Create a ResourceSlice."""
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Create a ResourceSlice; the slice as stored (without the fields the API server drops)."""
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
-        """Replace a ResourceSlice (``body`` carries the resourceVersion it replaces)."""
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Replace a ResourceSlice (``body`` carries the resourceVersion it replaces); the slice
+        as stored."""
 
     async def delete_slice(self, name: str) -> None:
         """Delete a ResourceSlice; one that is gone already is no error."""

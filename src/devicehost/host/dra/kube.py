@@ -74,13 +74,15 @@ class KubeCluster:
         devices = created.to_dict().get("spec", {}).get("devices") or [{}]
         return bool(devices[0].get("taints"))
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _errors(f"creating ResourceSlice {body['metadata']['name']}"):
-            await self._api().create(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+            created = await self._api().create(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+        return dict(created.to_dict())
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _errors(f"replacing ResourceSlice {body['metadata']['name']}"):
-            await self._api().replace(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+            replaced = await self._api().replace(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+        return dict(replaced.to_dict())
 
     async def delete_slice(self, name: str) -> None:
         try:

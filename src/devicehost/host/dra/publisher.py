@@ -205,11 +205,11 @@ class Publisher:
         pool = spec["pool"]
         self._pace.wrote(pool["name"])  # tried: a refused write is load too
         if current is None:
-            await self._cluster.create_slice(slice_body(name, self._owner, spec))
+            stored = await self._cluster.create_slice(slice_body(name, self._owner, spec))
         else:
             version = str(current.get("metadata", {}).get("resourceVersion", ""))
-            await self._cluster.replace_slice(slice_body(name, self._owner, spec, version))
-        self.written.wrote(name, spec)
+            stored = await self._cluster.replace_slice(slice_body(name, self._owner, spec, version))
+        self.written.wrote(name, spec, stored)
         self.log.info(
             "ResourceSlice published" if current is None else "ResourceSlice updated",
             slice=name,
@@ -242,10 +242,12 @@ class Written:
         """Slices created, replaced or deleted so far."""
         self._superseded = superseded
 
-    def wrote(self, name: str, spec: dict[str, Any]) -> None:
+    def wrote(self, name: str, spec: dict[str, Any], stored: Mapping[str, Any]) -> None:
+        """``spec`` was written as the slice ``name``; the API server ``stored`` it (what it
+        stores is what its watch shows, without the fields it drops)."""
         pool = spec["pool"]
         self.generations[pool["name"]] = max(self.generations.get(pool["name"], 0), pool["generation"])
-        self.specs[name] = spec
+        self.specs[name] = dict(stored.get("spec") or spec)
         self.writes += 1
 
     def deleted(self, name: str) -> None:
