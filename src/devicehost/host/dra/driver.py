@@ -3,7 +3,9 @@
 The driver serves the kubelet's DRAPlugin service on ``<plugins dir>/<driver>/`` and, once that
 answers, a registration socket in ``plugins_registry`` (both names unique per host start, so a
 rolling update's two hosts never share one). The kubelet's plugin watcher finds the second,
-reads the first from it, and calls it to prepare and unprepare claims.
+reads the first from it, and calls it to prepare and unprepare claims. The driver's slices are
+published only once the kubelet has said it registered the driver (``NotifyRegistrationStatus``):
+the scheduler never places a claim the kubelet cannot prepare yet.
 
 During a rolling update two instances serve the driver on one node: the kubelet calls the newer
 for new claims and may still call the older until it goes. Either serves any claim (the claims
