@@ -9,13 +9,16 @@ difference: a slice deleted or changed by anything else is written back within `
 (:data:`MIN_INTERVAL`) of the change, said once per slice in the log and counted per pool
 (:attr:`Written.restored`). During a rolling update the older instance leaves an edit of a
 slice to the newer one (``superseded``), so two versions that publish a pool differently do not
-rewrite each other's slices for as long as both run. A failing API server is retried with backoff, logged once per problem. Nothing
-is compared before the first pool is wanted and the publisher is opened (:meth:`Publisher.open`:
-the kubelet registered the driver): a host starting beside another instance of the driver (a
-rolling update) would otherwise delete the slices that one publishes, and leave a gap, and the
-scheduler would place claims the kubelet cannot prepare yet (it fails such a pod with "DRA driver
-... is not registered" and does not try it again). Until then the slices published are left as
-they are: those of another instance, or of this host before a restart, are still right.
+rewrite each other's slices for as long as both run. A failing API server is retried with
+backoff, logged once per problem.
+
+Nothing is compared before the first pool is wanted and the publisher is opened
+(:meth:`Publisher.open`: the kubelet registered the driver): a host starting beside another
+instance of the driver (a rolling update) would otherwise delete the slices that one publishes,
+and leave a gap, and the scheduler would place claims the kubelet cannot prepare yet (it fails
+such a pod with "DRA driver ... is not registered" and did not try it again). Until then the
+slices published are left as they are: those of another instance, or of this host before a
+restart, are still right.
 
 The host wants pools: a resource's devices are one pool over as many slices as they need. Every
 slice of a pool carries the pool's ``resourceSliceCount`` and ``generation``; the scheduler
