@@ -36,6 +36,8 @@ class DraState:
     """The ResourceSlice its devices are published in."""
     prepared_claims: int
     """Claims prepared with its devices, now."""
+    slices_restored: int = 0
+    """Slices of its pool written back after something else deleted or changed them."""
 
 
 @dataclass(frozen=True)

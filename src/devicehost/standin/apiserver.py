@@ -33,6 +33,38 @@ __all__ = ["NODE_UID", "ApiServerStandIn", "Unschedulable", "claim_spec", "share
 
 NODE_UID = "0f0f0f0f-node-uid"
 
+SliceEvent = tuple[str, Mapping[str, Any]]
+"""A watch event of a ResourceSlice: ``ADDED``, ``MODIFIED`` or ``DELETED``, and the slice."""
+
+
+class SliceWatches:
+    """The open watches of ResourceSlices: each gets every change as the real API server's
+    watch does, the slices there when it opened first (a watch from no resourceVersion)."""
+
+    def __init__(self) -> None:
+        self._queues: list[asyncio.Queue[SliceEvent]] = []
+
+    async def follow(
+        self, stored: Iterable[Mapping[str, Any]], node: str, driver: str
+    ) -> AsyncIterator[SliceEvent]:
+        """The events of ``node``'s slices of ``driver``, those ``stored`` now first, for ever."""
+        queue: asyncio.Queue[SliceEvent] = asyncio.Queue()
+        for body in stored:
+            queue.put_nowait(("ADDED", body))
+        self._queues.append(queue)
+        try:
+            while True:
+                kind, body = await queue.get()
+                if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver:
+                    yield kind, body
+        finally:
+            self._queues.remove(queue)
+
+    def tell(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Every open watch gets the change."""
+        for queue in self._queues:
+            queue.put_nowait((kind, body))
+
 
 class ApiServerStandIn(ClaimStatuses, Scheduling):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
@@ -47,7 +79,7 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
         self.down: str | None = None
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
-        self._deletions: list[asyncio.Queue[str]] = []
+        self._slice_watches = SliceWatches()
         self.changed = asyncio.Event()
 
     # -- the seam ------------------------------------------------------------------------------
@@ -74,14 +106,14 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
         self._check()
         return self.device_taints_kept
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._check()
         name = body["metadata"]["name"]
         if name in self.stored:
             raise ClusterError(f"creating ResourceSlice {name}: 409 AlreadyExists")
-        self._store(body)
+        return self._store(body)
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._check()
         name = body["metadata"]["name"]
         current = self.stored.get(name)
@@ -89,21 +121,16 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
             "resourceVersion"
         ):
             raise Conflict(f"replacing ResourceSlice {name}: 409 Conflict")
-        self._store(body)
+        return self._store(body)
 
     async def delete_slice(self, name: str) -> None:
         self._check()
         self.delete(name)
 
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[SliceEvent]:
         self._check()
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        self._deletions.append(queue)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            self._deletions.remove(queue)
+        async for event in self._slice_watches.follow(self.stored.values(), node, driver):
+            yield event
 
     async def close(self) -> None:
         return None
@@ -112,9 +139,9 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
 
     def delete(self, name: str) -> None:
         """Delete a slice, as the kubelet does at its start; watchers are told."""
-        if self.stored.pop(name, None) is not None:
-            for queue in self._deletions:
-                queue.put_nowait(name)
+        body = self.stored.pop(name, None)
+        if body is not None:
+            self._slice_watches.tell("DELETED", body)
             self._bump()
 
     def devices(self, driver: str) -> list[tuple[str, str]]:
@@ -128,13 +155,16 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
                 self.changed.clear()
                 await self.changed.wait()
 
-    def _store(self, body: Mapping[str, Any]) -> None:
+    def _store(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self.device_taints_kept and body["spec"].get("devices"):
             devices = [{k: v for k, v in d.items() if k != "taints"} for d in body["spec"]["devices"]]
             body = {**body, "spec": {**body["spec"], "devices": devices}}
         stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
+        kind = "MODIFIED" if body["metadata"]["name"] in self.stored else "ADDED"
         self.stored[body["metadata"]["name"]] = stored
+        self._slice_watches.tell(kind, stored)
         self._bump()
+        return stored
 
     def _bump(self) -> None:
         """After every change: wake the waiters (a test's subclass looks at each state here)."""

@@ -101,7 +101,8 @@ class DraDrivers:
         only = api == "dra"
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
-        dra = DraState(driver.name, only, driver.registered, slice_name, prepared)
+        restored = driver.publisher.written.restored[state.name]
+        dra = DraState(driver.name, only, driver.registered, slice_name, prepared, restored)
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
 
     async def follow_cdi_dir(self) -> None:
