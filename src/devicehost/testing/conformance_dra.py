@@ -28,7 +28,6 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from devicehost import cdi
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Resource
 from devicehost.host.backends.config_examples import config_examples
@@ -38,7 +37,7 @@ from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, OpaqueConfi
 from devicehost.standin import DraCallError, DraDevice, KubeletStandIn
 from devicehost.standin.apiserver import share_of
 from devicehost.testing.cluster import ClusterStandIn
-from devicehost.testing.conformance_support import broken
+from devicehost.testing.conformance_support import broken, undefined_cdi_names
 from devicehost.testing.host import running_host
 
 NODE = "conformance-node"
@@ -302,10 +301,9 @@ def answer_problems(
         if request not in d.requests
     ]
     problems += [f"{what}: {p}" for d in answer for i in d.cdi_ids if (p := rules.cdi_name_problem(i))]
-    defined = cdi.defined_names(run.cdi_dir)
-    undefined = [i for d in answer for i in d.cdi_ids if i not in defined]
-    if undefined:
-        problems.append(f"{what}: no spec in the CDI dir defines {undefined}")
+    problems += [
+        f"{what}: {p}" for p in undefined_cdi_names([i for d in answer for i in d.cdi_ids], run.cdi_dir)
+    ]
     return problems
 
 

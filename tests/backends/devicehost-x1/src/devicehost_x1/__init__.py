@@ -20,6 +20,8 @@ from devicehost import ClaimRequest, ContainerAllocation, Device, Health, Resour
 RESOURCE = "x1.example.com/accel"
 CLAIM_KIND = "x1.example.com/claim"
 PARTITIONS = 4
+UID_LENGTH = 36
+"""A claim UID's length: the CDI device of a claim's device is ``<uid>-<device ID>``."""
 Bug = Literal["ignores-config", "scrubs-card", "big-partition", "silent-health"]
 
 
@@ -149,19 +151,20 @@ class X1Backend:
         return ContainerAllocation(cdi_devices=[f"{CLAIM_KIND}={claim.uid}-{d}" for d in device_ids])
 
     def _write_spec(self) -> None:
-        cdi.write_spec(cdi.Spec(kind=CLAIM_KIND, devices=list(self._claimed.values())))
+        if self._claimed:
+            cdi.write_spec(cdi.Spec(kind=CLAIM_KIND, devices=list(self._claimed.values())))
+        else:
+            cdi.remove_spec(CLAIM_KIND)
 
     @devicehost.hookimpl
-    def devicehost_release(self, device_ids: tuple[str, ...], claim: ClaimRequest | None) -> None:
-        if claim is None:
-            return
+    def devicehost_release(self, device_ids: tuple[str, ...]) -> None:
+        """The host releases a device once no claim holds it: its CDI devices go."""
+        released = set(device_ids)
+        if self._settings.bug == "scrubs-card":  # resets the card: every claim on it loses it
+            released = {i for i in self._ids() if card_of(i) in {card_of(d) for d in device_ids}}
         with self._lock:
-            gone = {f"{claim.uid}-{d}" for d in device_ids}
-            if self._settings.bug == "scrubs-card":  # resets the card: every claim on it loses it
-                cards = {card_of(d) for d in device_ids}
-                gone |= {n for n in self._claimed if card_of(n[len(claim.uid) + 1 :]) in cards}
-            for name in gone:
-                self._claimed.pop(name, None)
+            for name in [n for n in self._claimed if n[UID_LENGTH + 1 :] in released]:
+                del self._claimed[name]
             self._write_spec()
 
     @devicehost.hookimpl
