@@ -625,6 +625,7 @@ dra_check: pytest.MarkDecorator = getattr(pytest.mark, DRA_MARKER)
 @pytest_asyncio.fixture
 async def dra(
     devicehost_backend_name: str,
+    devicehost_driver_names: dict[str, str],
     devicehost_settings: dict[str, Any],
     devicehost_dir: Path,
     devicehost_cdi_dir: Path,
@@ -632,8 +633,12 @@ async def dra(
     direct: DirectBackend,
     served: list[Resource],
 ) -> AsyncIterator[DraRun]:
-    """The backend (the ``direct`` fixture's object) served through DRA only, with its settings."""
+    """The backend (the ``direct`` fixture's object) served through DRA only, with its settings,
+    under the driver names the operator configures (``--devicehost-driver-name``)."""
     _skip_unless_started(direct, served)
+    bare = devicehost_driver_names.get("")
+    drivers = {r.name: bare for r in served} if bare else {}
+    drivers |= {r: d for r, d in devicehost_driver_names.items() if r}
     async with dra_run(
         devicehost_dir,
         devicehost_backend_name,
@@ -642,6 +647,7 @@ async def dra(
         devicehost_cdi_dir,
         hook_timeout=WAIT,
         health_interval=HEALTH_POLL,
+        dra_drivers=drivers,
     ) as run:
         yield run
 
@@ -1016,8 +1022,11 @@ async def test_dra_release_leaves_other_holders_alone(
     rule = "dra-release-scope"
     resource, first, second, how = await _neighbours(dra, served, rule)
     going, staying = dra.claim(resource, [first]), dra.claim(resource, [second])
-    await dra.prepare(resource, going, "dra-prepare")
-    ids = [i for d in await dra.prepare(resource, staying, "dra-prepare") for i in d.cdi_ids]
+    try:
+        await dra.prepare(resource, going, "dra-prepare")
+        ids = [i for d in await dra.prepare(resource, staying, "dra-prepare") for i in d.cdi_ids]
+    except pytest.fail.Exception:
+        pytest.skip(f"{how} ({first}, {second}) not both prepared: see the dra-prepare and dra-shares rules")
     before, _ = cdi_resolution(ids, dra.cdi_dir)
     await dra.unprepare(resource, going, rule)
     what = f"{resource.name}: unpreparing the claim of {first} ({how}, the other {second})"

@@ -66,6 +66,47 @@ RULES = {
 """The ``dra-*`` rules run only with ``--devicehost-dra`` (see :mod:`devicehost.testing.conformance_dra`),
 but for ``dra-counters``' check of the declared counters."""
 
+CHECKS = {
+    "test_loads_through_its_entry_point": "entry-point",
+    "test_hooks_are_synchronous": "sync-hooks",
+    "test_required_hooks_are_implemented": "required-hooks",
+    "test_hooks_match_their_specs": "hook-specs",
+    "test_resource_names_follow_the_kubelet_rule": "resource-name",
+    "test_device_ids_follow_the_kubelet_rule": "device-id",
+    "test_offers_devices": "has-devices",
+    "test_discovery_is_stable": "stable-discovery",
+    "test_health_values_are_valid": "health-values",
+    "test_health_goes_both_ways": "health-both-ways",
+    "test_allocation_answers_are_well_formed": "allocation-answer",
+    "test_backend_refuses_unknown_ids": "unknown-ids-backend",
+    "test_every_device_allocates_over_the_wire": "allocation-wire",
+    "test_cdi_names_are_defined": "cdi-names",
+    "test_reload_keeps_allocations_working": "reload",
+    "test_kubelet_admission_succeeds": "admission",
+    "test_host_refuses_unknown_ids": "unknown-ids-host",
+    "test_preferred_allocation_is_well_formed": "preferred-allocation",
+    "test_start_hook_succeeds": "start-hook",
+    "test_start_and_stop_repeat_and_release": "start-stop",
+    "test_survives_a_kubelet_restart": "kubelet-restart",
+    "test_released_devices_come_back": "device-release",
+    "test_counters_are_declared_and_fit": "dra-counters",
+    "test_dra_publishes_every_resource": "dra-slices",
+    "test_dra_claims_are_prepared": "dra-prepare",
+    "test_dra_unprepare_releases": "dra-unprepare",
+    "test_dra_claim_config_reaches_the_hook": "dra-config",
+    "test_dra_refused_config_fails_its_claim_alone": "dra-config-refused",
+    "test_dra_admin_access_shares_a_held_device": "dra-admin-access",
+    "test_dra_subrequest_claims_are_prepared": "dra-subrequest",
+    "test_dra_shares_are_prepared_and_released_apart": "dra-shares",
+    "test_dra_counters_fit_and_partitions_are_prepared": "dra-counters",
+    "test_dra_claim_config_changes_what_a_container_gets": "dra-config-used",
+    "test_dra_release_leaves_other_holders_alone": "dra-release-scope",
+    "test_dra_device_status_answers_for_its_devices": "dra-device-status",
+    "test_dra_unhealthy_devices_leave_the_slice": "dra-health",
+}
+"""The rule each check of the suite holds the backend to, by test name: how the suite names the
+rules it skips, and why, at the end of its report."""
+
 HEALTH_HOOK = "devicehost_conformance_set_health"
 """The optional test-seam hook (see :mod:`devicehost.hookspecs.spec`): having it declares that
 health goes both ways."""
