@@ -42,8 +42,8 @@ class X1Config(BaseModel):
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"kind": "X1Config", "mode": "compute"},
                 {"kind": "X1Config", "mode": "graphics", "clockMhz": 1200},
+                {"kind": "X1Config", "mode": "compute"},
             ]
         },
     )
