@@ -59,6 +59,18 @@ _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+__all__ = [
+    "NAMESPACE",
+    "NODE",
+    "REQUEST",
+    "SUBREQUEST",
+    "DraRun",
+    "device_id",
+    "dra_run",
+    "sample_configs",
+    "slice_problems",
+]
+
 ClaimRef = tuple[str, str, str]
 Allocated = tuple[str, tuple[str, ...], ClaimRequest | None]
 """(resource, device IDs, claim) of one allocate call."""

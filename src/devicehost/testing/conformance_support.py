@@ -24,6 +24,8 @@ from devicehost.host import reconcile
 from devicehost.host.backends.backend import new_plugin_manager
 from devicehost.host.backends.loader import UnknownBackendError, load_backends
 
+__all__ = ["CHECKS", "RULES", "DirectBackend", "broken", "cdi_resolution", "load_plugin"]
+
 RULES = {
     "entry-point": "the backend loads through its devicehost.backends entry point, as the host loads it",
     "sync-hooks": "every hook implementation is a plain (synchronous) def",
