@@ -6,6 +6,7 @@ in a subprocess, in an empty dir (so no project config applies), with warnings a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,7 +20,7 @@ from hostfakes import install_fake_distribution, install_test_backends
 
 import devicehost
 from devicehost.testing.conformance_dra import device_id, dra_run, slice_problems
-from devicehost.testing.conformance_support import CHECKS, RULES, DirectBackend, load_plugin
+from devicehost.testing.conformance_support import CHECKS, RULES, DirectBackend, cdi_resolution, load_plugin
 from devicehost.testing.host import BackendLoadError, host_process, running_host
 from devicehost.testing.kubelet import KubeletStandIn
 
@@ -581,3 +582,25 @@ def test_every_check_of_the_suite_names_its_rule() -> None:
     assert sorted(CHECKS) == tests
     fixtures_only = {"settings", "discovery-shape"}  # broken by the direct fixture, for every check
     assert set(CHECKS.values()) == set(RULES) - fixtures_only
+
+
+def test_cdi_names_resolve_as_a_runtime_resolves_them(short_tmp: Path) -> None:
+    """One valid spec defining a name resolves it to its edits (the spec's own, then the
+    device's); a spec a runtime skips (no cdiVersion) defines nothing; a name two specs define
+    is refused."""
+    spec = {
+        "cdiVersion": "0.6.0",
+        "kind": "x1.example.com/claim",
+        "containerEdits": {"env": ["X1=1"]},
+        "devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}}, {"name": "b", "containerEdits": {}}],
+    }
+    (short_tmp / "one.json").write_text(json.dumps(spec))
+    (short_tmp / "two.yaml").write_text(yaml.safe_dump({**spec, "devices": [{"name": "b"}]}))
+    (short_tmp / "bad.json").write_text(json.dumps({**spec, "cdiVersion": None, "devices": [{"name": "c"}]}))
+    edits, problems = cdi_resolution(["x1.example.com/claim=a"], short_tmp)
+    assert (edits["env"], problems) == (["A=1", "X1=1"], [])
+    _, problems = cdi_resolution(["x1.example.com/claim=b", "x1.example.com/claim=c"], short_tmp)
+    assert problems == [
+        "'x1.example.com/claim=b': defined by 2 specs (one.json, two.yaml) in the CDI dir",
+        "'x1.example.com/claim=c': defined by no spec in the CDI dir (bad.json skipped: no cdiVersion)",
+    ]

@@ -18,11 +18,17 @@ instance of it), ``dra-config-refused`` (one it refuses fails that claim alone),
 list's ``request/subrequest``); for a backend with a device that allows multiple allocations,
 ``dra-shares`` (two shares of it prepared, each with its share ID, and released apart), for one
 with counter sets ``dra-counters`` (every partition fits its set, the sets are published, a
-partition is prepared), and for a
+partition is prepared; its check of the declared counters, ``test_counters_are_declared_and_fit``,
+runs without ``--devicehost-dra`` too), ``dra-config-used`` (two examples the model reads as
+different give a container different edits), ``dra-release-scope`` (unpreparing one claim leaves
+another on the same hardware as it was), and for a
 backend with ``devicehost_device_status``, ``dra-device-status`` (it answers for its devices, and a
 claim of a device with binding conditions becomes bindable). A backend whose resources all declare
 ``serve_through="dra"``
-skips the device plugin wire checks.
+skips the device plugin wire checks. The DRA checks run under the driver names
+``--devicehost-driver-name`` gives (the operator's ``dra_drivers``). A check that sets a device's
+health makes it Healthy again on the way out, passed or failed; the plugin's summary names every
+check skipped or deselected, with its rule and why (:data:`~devicehost.testing.conformance_support.CHECKS`).
 """
 
 from __future__ import annotations
