@@ -604,3 +604,56 @@ def test_cdi_names_resolve_as_a_runtime_resolves_them(short_tmp: Path) -> None:
         "'x1.example.com/claim=b': defined by 2 specs (one.json, two.yaml) in the CDI dir",
         "'x1.example.com/claim=c': defined by no spec in the CDI dir (bad.json skipped: no cdiVersion)",
     ]
+
+
+SHARE_WIPER = """
+import threading
+
+import devicehost
+from devicehost import cdi
+
+KIND = "wiper.example.com/share"
+UID = 36
+
+
+class Backend:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.claimed = {}
+
+    @devicehost.hookimpl
+    def devicehost_discover(self):
+        nics = [devicehost.Device("nic0", allow_multiple_allocations=True), devicehost.Device("nic1")]
+        return [devicehost.Resource("wiper.example.com/nic", nics)]
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self, device_ids, claim):
+        if set(device_ids) - {"nic0", "nic1"}:
+            raise ValueError(f"no such NICs {device_ids}")
+        if claim is None:
+            return devicehost.ContainerAllocation(envs={"NICS": ",".join(device_ids)})
+        with self.lock:
+            for device in device_ids:
+                name = f"{claim.uid}-{device}"
+                self.claimed[name] = cdi.Device(name, cdi.ContainerEdits(env={"NIC": device}))
+            cdi.write_spec(cdi.Spec(kind=KIND, devices=list(self.claimed.values())))
+        return devicehost.ContainerAllocation(cdi_devices=[f"{KIND}={claim.uid}-{d}" for d in device_ids])
+
+    @devicehost.hookimpl
+    def devicehost_release(self, device_ids):
+        with self.lock:  # resets the whole NIC, whichever share went: every share loses it
+            for name in [n for n in self.claimed if n[UID + 1 :] in device_ids]:
+                del self.claimed[name]
+            if self.claimed:
+                cdi.write_spec(cdi.Spec(kind=KIND, devices=list(self.claimed.values())))
+            else:
+                cdi.remove_spec(KIND)
+"""
+
+
+def test_a_release_of_one_share_that_resets_the_device_breaks_dra_release_scope(short_tmp: Path) -> None:
+    site = short_tmp / "site"
+    install_fake_distribution(site, "devicehost-wiper", "dh_wiper", SHARE_WIPER, "wiper = dh_wiper:Backend")
+    code, broken, output = conformance(short_tmp, "wiper", dra=True, site=site)
+    assert (code, broken) == (1, {"test_dra_release_leaves_other_holders_alone": "dra-release-scope"}), output
+    assert "unpreparing the claim of nic0 (two shares of one device, the other nic0) took the other" in output
