@@ -63,7 +63,7 @@ class X1Backend:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._settings = X1Settings()
+        self._settings = X1Settings.model_validate({})
         self._faults: set[str] = set()
         self._notifiers: dict[str, devicehost.ResourceNotifier] = {}
         self._claimed: dict[str, cdi.Device] = {}  # CDI device name -> its device
@@ -99,6 +99,7 @@ class X1Backend:
 
     def _device(self, device_id: str, faulty: set[str]) -> Device:
         card = card_of(device_id)
+        consumes: dict[str, int | str]
         if device_id == card:
             consumes = {"memory": "32Gi", "slices": PARTITIONS}
         else:
@@ -111,7 +112,8 @@ class X1Backend:
         with self._lock:
             faulty = self._faulty()
             devices = tuple(self._device(i, faulty) for i in self._ids())
-            sets = {f"x1-{c}": {"memory": "32Gi", "slices": PARTITIONS} for c in range(self._settings.cards)}
+            card: dict[str, int | str] = {"memory": "32Gi", "slices": PARTITIONS}
+            sets = {f"x1-{c}": card for c in range(self._settings.cards)}
         return [Resource(RESOURCE, devices, serve_through="both", counter_sets=sets)]
 
     @devicehost.hookimpl
@@ -140,9 +142,13 @@ class X1Backend:
                 raise ValueError(f"no such x1 devices: {unknown}")
             if claim is None:
                 return ContainerAllocation(envs={"X1_DEVICES": ",".join(device_ids)})
-            config = claim.config if isinstance(claim.config, X1Config) else X1Config(kind="X1Config")
+            config = (
+                claim.config
+                if isinstance(claim.config, X1Config)
+                else X1Config.model_validate({"kind": "X1Config"})
+            )
             if self._settings.bug == "ignores-config":
-                config = X1Config(kind="X1Config")
+                config = X1Config.model_validate({"kind": "X1Config"})
             for device in device_ids:
                 env = {"X1_DEVICE": device, "X1_MODE": config.mode, "X1_CLOCK_MHZ": str(config.clock_mhz)}
                 name = f"{claim.uid}-{device}"
