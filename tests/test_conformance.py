@@ -524,6 +524,15 @@ def test_x1_conforms_under_the_operators_driver_name_and_names_what_it_skips(sho
     assert (short_tmp / "faults").read_text() == ""
 
 
+def test_the_dra_rules_run_under_the_drivers_the_operators_config_file_names(short_tmp: Path) -> None:
+    (short_tmp / "host.yaml").write_text(yaml.safe_dump({"dra_drivers": {"x1.example.com/accel": X1_DRIVER}}))
+    extra = ["--devicehost-config", "host.yaml", "-k", "test_dra_claims_are_prepared"]
+    code, broken, output = conformance(short_tmp, "x1", x1_settings(short_tmp), dra=True, extra=extra)
+    assert (code, broken) == (0, {}), output
+    assert f"DRA rules ran under the driver names: x1.example.com/accel={X1_DRIVER}" in output
+    assert "1 passed" in output
+
+
 @pytest.mark.parametrize(
     ("bug", "dra", "test", "rule", "said"),
     [

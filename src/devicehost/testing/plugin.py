@@ -21,6 +21,10 @@ Options (each also an ini key, underscores instead of dashes):
     the DRA driver name the operator will configure (the host's ``dra_drivers``): the DRA rules
     run under it. A bare ``DRIVER`` names the driver of every resource; repeatable (ini:
     ``devicehost_driver_name``, one a line).
+``--devicehost-config FILE``
+    the host config file the operator will deploy: the DRA rules run under its ``dra_drivers``
+    (``--devicehost-driver-name RESOURCE=DRIVER`` wins for that resource; ini: ``devicehost_config``,
+    relative to the rootdir).
 
 Fixtures: ``devicehost_backend_name``, ``devicehost_settings``, ``devicehost_reload_settings``,
 ``devicehost_dra`` (whether ``--devicehost-dra`` was given), ``devicehost_driver_names``
@@ -53,6 +57,7 @@ SETTINGS_OPTION = "devicehost_settings"
 RELOAD_SETTINGS_OPTION = "devicehost_reload_settings"
 DRA_OPTION = "devicehost_dra"
 DRIVER_OPTION = "devicehost_driver_name"
+HOST_CONFIG_OPTION = "devicehost_config"
 DRA_MARKER = "devicehost_dra"
 """Marks a check that runs only with ``--devicehost-dra``."""
 TEST_HOOK_TIMEOUT = 5.0
@@ -121,7 +126,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="[RESOURCE=]DRIVER",
         help="the DRA driver name the operator configures (dra_drivers); the DRA rules run under it",
     )
+    group.addoption(
+        "--devicehost-config",
+        dest=HOST_CONFIG_OPTION,
+        metavar="FILE",
+        help="the host config file the operator deploys: the DRA rules run under its dra_drivers",
+    )
     parser.addini(BACKEND_OPTION, "installed backend to test (as --devicehost-backend)")
+    parser.addini(HOST_CONFIG_OPTION, "the operator's host config file (as --devicehost-config)")
     parser.addini(
         DRIVER_OPTION, "DRA driver names, one a line (as --devicehost-driver-name)", type="linelist"
     )
@@ -243,10 +255,31 @@ def devicehost_dra(pytestconfig: pytest.Config) -> bool:
     return dra_selected(pytestconfig)
 
 
+def configured_drivers(config: pytest.Config) -> dict[str, str]:
+    """The ``dra_drivers`` of the host config file ``--devicehost-config`` names (none without)."""
+    given = config.getoption(HOST_CONFIG_OPTION)
+    path = Path(given) if given else None
+    if path is None and config.getini(HOST_CONFIG_OPTION):
+        path = config.rootpath / str(config.getini(HOST_CONFIG_OPTION))
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        host_config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        pytest.fail(f"cannot read the host config {path}: {exc}", pytrace=False)
+    drivers = host_config.get("dra_drivers", {}) if isinstance(host_config, dict) else None
+    if not isinstance(drivers, dict) or not all(isinstance(v, str) for v in drivers.values()):
+        pytest.fail(f"{path}: dra_drivers must map resource names to driver names", pytrace=False)
+    return {str(resource): driver for resource, driver in drivers.items()}
+
+
 def selected_driver_names(config: pytest.Config) -> dict[str, str]:
-    """``--devicehost-driver-name`` (or the ini key) as resource -> driver; ``""``: every resource."""
+    """``--devicehost-config``'s ``dra_drivers``, then ``--devicehost-driver-name`` (or the ini
+    keys), as resource -> driver; ``""``: every resource."""
     given = config.getoption(DRIVER_OPTION) or config.getini(DRIVER_OPTION)
-    named = {}
+    named = configured_drivers(config)
     for word in given:
         resource, _, driver = str(word).rpartition("=")
         if not driver:
