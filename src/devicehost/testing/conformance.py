@@ -1043,7 +1043,8 @@ async def _release_scope_problem(
         return f"{what} took the other claim's CDI devices: {'; '.join(problems[:3])}"
     if after != before:
         return f"{what} changed what the other claim gives a container: {_edits_text(before)}, now {_edits_text(after)}"
-    held = next(d for d in resource.devices if dra.published_name(resource, d.id) == second)
+    ids_by_name = {str(d["name"]): device_id(d) for d in dra.devices(resource) or ()}
+    held = next(d for d in resource.devices if d.id == ids_by_name.get(second))
     if direct.implements("devicehost_health"):
         hook = direct.hook.devicehost_health
         health = _call(rule, "devicehost_health", hook, resource=resource.name, devices=(held,)) or {}

@@ -155,10 +155,6 @@ class DraRun:
         body = self.cluster.stored.get(names.slice_name(NODE, self.driver(resource), resource.name))
         return None if body is None else list(body["spec"]["devices"])
 
-    def published_name(self, resource: Resource, device: str) -> str | None:
-        """The slice name the device with ID ``device`` is published under now (None: it is not)."""
-        return next((str(d["name"]) for d in self.devices(resource) or () if device_id(d) == device), None)
-
     def published_ids(self, resource: Resource) -> set[str] | None:
         devices = self.devices(resource)
         return None if devices is None else {device_id(d) for d in devices}
