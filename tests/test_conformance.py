@@ -666,3 +666,10 @@ def test_a_release_of_one_share_that_resets_the_device_breaks_dra_release_scope(
     code, broken, output = conformance(short_tmp, "wiper", dra=True, site=site)
     assert (code, broken) == (1, {"test_dra_release_leaves_other_holders_alone": "dra-release-scope"}), output
     assert "unpreparing the claim of nic0 (two shares of one device, the other nic0) took the other" in output
+
+
+def test_the_walkthrough_names_every_dra_rule() -> None:
+    """docs/writing-a-backend.md says what each DRA rule checks, by its ID (the device plugin
+    rules it describes in prose)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "writing-a-backend.md").read_text()
+    assert [rule for rule in RULES if rule.startswith("dra-") and f"`{rule}`" not in text] == []
