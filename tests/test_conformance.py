@@ -559,6 +559,7 @@ def test_the_dra_rules_run_under_the_drivers_the_operators_config_file_names(sho
             "device 'x1-0-p3' consumes 40Gi of x1-0/memory, which holds 32Gi",
         ),
     ],
+    ids=["ignores-config", "scrubs-card", "big-partition"],
 )
 def test_each_bug_planted_in_x1_is_named_by_its_rule(
     short_tmp: Path, bug: str, dra: bool, test: str, rule: str, said: str
