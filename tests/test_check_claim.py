@@ -58,10 +58,12 @@ def test_each_refused_configuration_is_one_line_and_the_exit_status_is_1(tmp_pat
         claim("forever", FOREVER),
         claim("tpl", {"kind": "Nope"}, template=True),
     ]
-    manifests.write_text(yaml.safe_dump_all([*documents, {"apiVersion": "v1", "kind": "Pod"}]))
+    listed = {"apiVersion": "v1", "kind": "List", "items": [claim("listed", FOREVER)]}
+    manifests.write_text(yaml.safe_dump_all([*documents, {"apiVersion": "v1", "kind": "Pod"}, listed]))
     code, lines, _ = check(str(manifests))
     assert code == EXIT_FAILED
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
+    assert lines[2].startswith(f"{manifests}: ResourceClaim team-a/listed: driver {GPU}")
     assert lines[0].startswith(
         f"{manifests}: ResourceClaim team-a/forever: driver {GPU} (devicehost backend dra-example):"
         " spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval: Input should be"
