@@ -163,7 +163,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item.get_closest_marker(DRA_MARKER) is None]
-        config.stash[DESELECTED] = [item.name for item in deselected]
+        config.stash[DESELECTED] = [item.name for item in deselected if "conformance.py::" in item.nodeid]
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
