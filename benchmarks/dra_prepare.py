@@ -223,7 +223,8 @@ async def serve_host(directory: Path) -> None:
     from devicehost.host.app import running as running_host
     from devicehost.host.backends.backend import Backend
     from devicehost.host.config import HostConfig
-    from devicehost.testing.cluster import ClusterStandIn, registered_endpoint
+    from devicehost.standin.kubelet import KubeletStandIn
+    from devicehost.testing.cluster import ClusterStandIn
 
     cluster = ClusterStandIn()
     registry = directory / "registry"
@@ -238,12 +239,13 @@ async def serve_host(directory: Path) -> None:
         pod_resources_socket=directory / "pod-resources.sock",
     )
     backend = PushBackend({RESOURCE: DEVICES})  # the example backend's answer
-    async with running_host(
-        config, [Backend("bench", backend, config.hook_timeout)], cluster=lambda: cluster
+    async with (
+        KubeletStandIn(directory / "dp", registry) as kubelet,  # registers the driver: it publishes
+        running_host(config, [Backend("bench", backend, config.hook_timeout)], cluster=lambda: cluster),
     ):
+        endpoint = await kubelet.dra.wait_for_driver(DRIVER, START_TIMEOUT)
         await cluster.wait(lambda c: len(c.devices(DRIVER)) == DEVICES, timeout=START_TIMEOUT)
-        (socket,) = registry.glob(f"devicehost-{DRIVER}-*.sock")
-        print((await registered_endpoint(socket)).endpoint, flush=True)
+        print(endpoint, flush=True)
         async for command, devices in commands():
             assert command == "alloc"
             cluster.claims.clear()  # the previous call's claims are unprepared: forget them

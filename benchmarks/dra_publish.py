@@ -87,15 +87,15 @@ class CountedApiServer(ApiServerStandIn):
         self.writes = 0
         self.flapping_writes: list[float] = []
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self.writes += 1
-        await super().create_slice(body)
+        return await super().create_slice(body)
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self.writes += 1
         if body["metadata"]["name"] == FLAPPING_SLICE:
             self.flapping_writes.append(time.perf_counter())
-        await super().replace_slice(body)
+        return await super().replace_slice(body)
 
     async def delete_slice(self, name: str) -> None:
         self.writes += 1
@@ -214,6 +214,7 @@ async def flapping(min_interval: float, seconds: float) -> tuple[float, float, l
     cluster = CountedApiServer()
     host = HostPublisher(cluster, min_interval)
     running = asyncio.create_task(host.publisher.run())
+    host.publisher.open()  # the kubelet registered the driver
     try:
         host.want(table())
         async with asyncio.timeout(10):

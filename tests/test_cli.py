@@ -211,6 +211,20 @@ def test_simulate_kubelet_serves_a_dra_backend_and_shows_a_sample_claim(
     assert daemon.stop(signal.SIGINT) == 0
 
 
+def test_simulate_kubelet_prepares_its_sample_claim_with_the_backends_example_config(
+    env: dict[str, str], daemons: list[Daemon]
+) -> None:
+    """The x1 test backend's claim config model offers {mode: graphics, clockMhz: 1200} first:
+    the sample claim carries it, and the container's env shows the backend applied it."""
+    daemon = Daemon(["run", "--simulate-kubelet", "--backend", "x1"], env)
+    daemons.append(daemon)
+    prepared = daemon.wait_for("sample claim prepared", driver="x1.example.com")
+    assert prepared["config"] == {"kind": "X1Config", "mode": "graphics", "clockMhz": 1200}
+    assert (prepared["env"]["X1_MODE"], prepared["env"]["X1_CLOCK_MHZ"]) == ("graphics", "1200")
+    daemon.wait_for("sample claim unprepared", driver="x1.example.com")
+    assert daemon.stop(signal.SIGINT) == 0
+
+
 def test_simulate_kubelet_shows_binding_conditions_and_the_claim_status(
     env: dict[str, str], daemons: list[Daemon]
 ) -> None:

@@ -6,10 +6,12 @@ in a subprocess, in an empty dir (so no project config applies), with warnings a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from hostfakes import install_fake_distribution, install_test_backends
 
 import devicehost
 from devicehost.testing.conformance_dra import device_id, dra_run, slice_problems
-from devicehost.testing.conformance_support import RULES, DirectBackend, load_plugin
+from devicehost.testing.conformance_support import CHECKS, RULES, DirectBackend, cdi_resolution, load_plugin
 from devicehost.testing.host import BackendLoadError, host_process, running_host
 from devicehost.testing.kubelet import KubeletStandIn
 
@@ -34,11 +36,17 @@ rootdir), the test, the rule it broke."""
 
 
 def conformance(
-    workdir: Path, backend: str, settings: object = None, *, dra: bool = False, site: Path | None = None
+    workdir: Path,
+    backend: str,
+    settings: object = None,
+    *,
+    dra: bool = False,
+    site: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> tuple[int, dict[str, str], str]:
     """Run the conformance command (with the DRA checks when ``dra``, and backends installed in
-    ``site`` too); its exit status, broken rule by test name, and its output."""
-    args = [*CONFORMANCE, "--devicehost-backend", backend, *(["--devicehost-dra"] if dra else [])]
+    ``site`` too, and ``extra`` arguments); its exit status, broken rule by test name, and its output."""
+    args = [*CONFORMANCE, "--devicehost-backend", backend, *(["--devicehost-dra"] if dra else []), *extra]
     if settings is not None:
         (workdir / "settings.yaml").write_text(yaml.safe_dump(settings))
         args += ["--devicehost-settings", "settings.yaml"]
@@ -62,16 +70,20 @@ def test_example_backend_conforms(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example")
     assert (code, broken) == (0, {}), output
     assert "passed" in output
-    assert "11 deselected" in output  # the DRA checks run only when asked for
+    assert "13 deselected" in output  # the DRA checks run only when asked for
+    assert (
+        "[dra-release-scope] test_dra_release_leaves_other_holders_alone: not run: pass --devicehost-dra"
+        in output
+    )
 
 
 def test_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example", dra=True)
     assert (code, broken) == (0, {}), output
-    # preferred-allocation, dra-config-refused (no claim config model), dra-shares (no shared
-    # device), dra-counters (no counter sets) and dra-device-status (no status hook): every other
-    # DRA check ran
-    assert "passed, 5 skipped" in output
+    # preferred-allocation, dra-config-refused and dra-config-used (no claim config model),
+    # dra-shares (no shared device), dra-counters twice (no counter sets) and dra-device-status
+    # (no status hook): every other DRA check ran
+    assert "29 passed, 7 skipped" in output
     assert "deselected" not in output
 
 
@@ -81,7 +93,12 @@ def test_dra_example_backend_conforms_through_dra(short_tmp: Path) -> None:
     assert (code, broken) == (0, {}), output
     # the device plugin wire checks (served through DRA only), health both ways, preferred
     # allocation, start/stop, release: the backend implements none of them
-    assert "20 passed, 13 skipped" in output  # and dra-shares, dra-counters: not shared, no partitions
+    # and dra-shares, dra-counters (twice): not shared, no partitions; dra-config-used: one example
+    assert "21 passed, 15 skipped" in output
+    assert (
+        "[dra-config-used] test_dra_claim_config_changes_what_a_container_gets: GpuConfig offers no two examples"
+        in output
+    )
 
 
 def test_dra_example_with_partitions_conforms_with_its_counters(short_tmp: Path) -> None:
@@ -89,7 +106,7 @@ def test_dra_example_with_partitions_conforms_with_its_counters(short_tmp: Path)
         short_tmp, "dra-example", {"num_gpus": 2, "gpu_partitions": 4}, dra=True
     )
     assert (code, broken) == (0, {}), output
-    assert "21 passed, 12 skipped" in output  # dra-counters ran
+    assert "23 passed, 13 skipped" in output  # both dra-counters checks ran
 
 
 def test_a_partition_bigger_than_its_counter_set_breaks_dra_counters(short_tmp: Path) -> None:
@@ -97,10 +114,8 @@ def test_a_partition_bigger_than_its_counter_set_breaks_dra_counters(short_tmp: 
     install_fake_distribution(
         site, "devicehost-big-part", "dh_big_part", BIG_PARTITION, "big-part = dh_big_part:Backend"
     )
-    code, broken, output = conformance(short_tmp, "big-part", dra=True, site=site)
-    assert (code, broken) == (1, {"test_dra_counters_fit_and_partitions_are_prepared": "dra-counters"}), (
-        output
-    )
+    code, broken, output = conformance(short_tmp, "big-part", site=site)  # no --devicehost-dra
+    assert (code, broken) == (1, {"test_counters_are_declared_and_fit": "dra-counters"}), output
     assert "device 'p1' consumes 20Gi of gpu-0/memory, which holds 16Gi: it can never be allocated" in output
 
 
@@ -126,7 +141,7 @@ def test_dra_example_net_backend_conforms_with_its_shared_nics(short_tmp: Path) 
     """The net profile: every NIC allows multiple allocations, so dra-shares runs and passes."""
     code, broken, output = conformance(short_tmp, "dra-example-net", {"num_nics": 2}, dra=True)
     assert (code, broken) == (0, {}), output
-    assert "20 passed, 13 skipped" in output  # dra-shares runs; dra-device-status, dra-counters: not here
+    assert "21 passed, 15 skipped" in output  # dra-shares runs; dra-device-status, dra-counters: not here
 
 
 BROKEN_DRA = """
@@ -361,7 +376,7 @@ def test_nonconformant_backend_fails_naming_each_broken_rule(short_tmp: Path) ->
 def test_example_backend_conforms_with_cdi_specs_in_the_kits_dir(short_tmp: Path) -> None:
     code, broken, output = conformance(short_tmp, "example", {"cdi": True})
     assert (code, broken) == (0, {}), output
-    assert "passed, 1 skipped" in output  # only preferred-allocation, which example does not implement
+    assert "21 passed, 2 skipped" in output  # preferred-allocation and counters: example has neither
 
 
 def test_kit_fails_a_backend_whose_cdi_names_no_spec_defines(short_tmp: Path) -> None:
@@ -373,7 +388,11 @@ def test_kit_fails_a_backend_whose_cdi_names_no_spec_defines(short_tmp: Path) ->
     }, output
     # g0 and g1 resolve: the backend's spec went to the kit's CDI dir, and the kit read it there
     assert (
-        "no spec in the CDI dir defines podbreakers.example.com/gpu g2: 'podbreakers.example.com/gpu=g2'"
+        "[cdi-names] every CDI device name an allocation returns resolves as a runtime with CDI resolves"
+        in output
+    )
+    assert (
+        "podbreakers.example.com/gpu g2: 'podbreakers.example.com/gpu=g2': defined by no spec in the CDI dir"
         in output
     )
     assert "=g0'" not in output
@@ -389,8 +408,8 @@ def test_kit_fails_a_claim_prepared_with_cdi_names_no_spec_defines(short_tmp: Pa
         "test_dra_claims_are_prepared": "dra-prepare",
     }, output
     assert (
-        "podbreakers.example.com/gpu claim of ['g2']: no spec in the CDI dir defines"
-        " ['podbreakers.example.com/gpu=g2']" in output
+        "podbreakers.example.com/gpu claim of ['g2']: 'podbreakers.example.com/gpu=g2': defined by no"
+        " spec in the CDI dir" in output
     )
     assert "claim of ['g0']" not in output  # g0 and g1 were prepared and resolved
 
@@ -426,7 +445,7 @@ def test_kit_reports_a_failing_start_hook_once_with_its_exception(short_tmp: Pat
     assert broken == {"test_start_hook_succeeds": "start-hook"}, output
     assert "OSError: cannot open the driver for podbreakers.example.com/nostart" in output
     assert "did not reach the kubelet" not in output  # the wire checks were skipped, not timed out
-    assert "1 failed, 11 passed, 10 skipped" in output, output
+    assert "1 failed, 11 passed, 11 skipped" in output, output
 
 
 def test_conformance_without_a_backend_says_how_to_choose_one(short_tmp: Path) -> None:
@@ -474,3 +493,184 @@ async def test_host_process_serves_and_logs_json(kubelet: KubeletStandIn, plugin
         assert await child.stop() == 0
     withdrawn = [line for line in child.lines if line.get("event") == "withdrawn"]
     assert [line["resource"] for line in withdrawn] == ["example.com/gizmo"]
+
+
+X1_DRIVER = "accel.x1-vendor.example"
+
+
+def x1_settings(workdir: Path, bug: str | None = None) -> dict[str, object]:
+    """Two x1 cards (each whole and in four partitions), faults in ``workdir/faults``, one bug planted."""
+    return {"cards": 2, "fault_file": str(workdir / "faults"), **({"bug": bug} if bug else {})}
+
+
+def test_x1_conforms_under_the_operators_driver_name_and_names_what_it_skips(short_tmp: Path) -> None:
+    """The issue's vendor backend, served both: a card's fault takes its four partitions down
+    with it (health-both-ways and dra-health accept that), its two config examples give different
+    answers, releasing one partition leaves the other's claim alone."""
+    extra = ["--devicehost-driver-name", X1_DRIVER]
+    code, broken, output = conformance(short_tmp, "x1", x1_settings(short_tmp), dra=True, extra=extra)
+    assert (code, broken) == (0, {}), output
+    assert "33 passed, 3 skipped" in output
+    assert f"DRA rules ran under the driver names: (every resource)={X1_DRIVER}" in output
+    assert "devicehost conformance: rules not checked, and why" in output
+    assert (
+        "[dra-shares] test_dra_shares_are_prepared_and_released_apart: no healthy device allows"
+        " multiple allocations" in output
+    )
+    assert (
+        "[preferred-allocation] test_preferred_allocation_is_well_formed: devicehost_preferred_allocation is not implemented"
+        in output
+    )
+    assert (short_tmp / "faults").read_text() == ""
+
+
+def test_the_dra_rules_run_under_the_drivers_the_operators_config_file_names(short_tmp: Path) -> None:
+    (short_tmp / "host.yaml").write_text(yaml.safe_dump({"dra_drivers": {"x1.example.com/accel": X1_DRIVER}}))
+    extra = ["--devicehost-config", "host.yaml", "-k", "test_dra_claims_are_prepared"]
+    code, broken, output = conformance(short_tmp, "x1", x1_settings(short_tmp), dra=True, extra=extra)
+    assert (code, broken) == (0, {}), output
+    assert f"DRA rules ran under the driver names: x1.example.com/accel={X1_DRIVER}" in output
+    assert "1 passed" in output
+
+
+@pytest.mark.parametrize(
+    ("bug", "dra", "test", "rule", "said"),
+    [
+        (
+            "ignores-config",
+            True,
+            "test_dra_claim_config_changes_what_a_container_gets",
+            "dra-config-used",
+            "which X1Config reads as different, give a container the same edits",
+        ),
+        (
+            "scrubs-card",
+            True,
+            "test_dra_release_leaves_other_holders_alone",
+            "dra-release-scope",
+            "unpreparing the claim of x1-0-p0 (two devices drawing on one counter set, the other x1-0-p1)"
+            " took the other claim's CDI devices",
+        ),
+        (
+            "big-partition",
+            False,
+            "test_counters_are_declared_and_fit",
+            "dra-counters",
+            "device 'x1-0-p3' consumes 40Gi of x1-0/memory, which holds 32Gi",
+        ),
+    ],
+    ids=["ignores-config", "scrubs-card", "big-partition"],
+)
+def test_each_bug_planted_in_x1_is_named_by_its_rule(
+    short_tmp: Path, bug: str, dra: bool, test: str, rule: str, said: str
+) -> None:
+    code, broken, output = conformance(short_tmp, "x1", x1_settings(short_tmp, bug), dra=dra)
+    assert (code, broken) == (1, {test: rule}), output
+    assert said in output
+
+
+def test_the_kit_clears_the_fault_it_set_when_a_health_rule_fails(short_tmp: Path) -> None:
+    """A backend that never reports the fault the suite writes to its fault file: both health
+    rules fail, and the fault file is empty again after each (the next run finds the card healthy)."""
+    settings = x1_settings(short_tmp, "silent-health")
+    code, broken, output = conformance(short_tmp, "x1", settings, dra=True, extra=["-k", "health"])
+    assert (code, broken) == (
+        1,
+        {
+            "test_health_goes_both_ways": "health-both-ways",
+            "test_dra_unhealthy_devices_leave_the_slice": "dra-health",
+        },
+    ), output
+    assert "device x1-0 never turned Unhealthy at the kubelet" in output
+    assert (short_tmp / "faults").read_text() == ""
+
+
+def test_every_check_of_the_suite_names_its_rule() -> None:
+    from devicehost.testing import conformance as suite
+
+    tests = sorted(name for name in vars(suite) if name.startswith("test_"))
+    assert sorted(CHECKS) == tests
+    fixtures_only = {"settings", "discovery-shape"}  # broken by the direct fixture, for every check
+    assert set(CHECKS.values()) == set(RULES) - fixtures_only
+
+
+def test_cdi_names_resolve_as_a_runtime_resolves_them(short_tmp: Path) -> None:
+    """One valid spec defining a name resolves it to its edits (the spec's own, then the
+    device's); a spec a runtime skips (no cdiVersion) defines nothing; a name two specs define
+    is refused."""
+    spec = {
+        "cdiVersion": "0.6.0",
+        "kind": "x1.example.com/claim",
+        "containerEdits": {"env": ["X1=1"]},
+        "devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}}, {"name": "b", "containerEdits": {}}],
+    }
+    (short_tmp / "one.json").write_text(json.dumps(spec))
+    (short_tmp / "two.yaml").write_text(yaml.safe_dump({**spec, "devices": [{"name": "b"}]}))
+    (short_tmp / "bad.json").write_text(json.dumps({**spec, "cdiVersion": None, "devices": [{"name": "c"}]}))
+    edits, problems = cdi_resolution(["x1.example.com/claim=a"], short_tmp)
+    assert (edits["env"], problems) == (["A=1", "X1=1"], [])
+    _, problems = cdi_resolution(["x1.example.com/claim=b", "x1.example.com/claim=c"], short_tmp)
+    assert problems == [
+        "'x1.example.com/claim=b': defined by 2 specs (one.json, two.yaml) in the CDI dir",
+        "'x1.example.com/claim=c': defined by no spec in the CDI dir (bad.json skipped: no cdiVersion)",
+    ]
+
+
+SHARE_WIPER = """
+import threading
+
+import devicehost
+from devicehost import cdi
+
+KIND = "wiper.example.com/share"
+UID = 36
+
+
+class Backend:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.claimed = {}
+
+    @devicehost.hookimpl
+    def devicehost_discover(self):
+        nics = [devicehost.Device("nic0", allow_multiple_allocations=True), devicehost.Device("nic1")]
+        return [devicehost.Resource("wiper.example.com/nic", nics)]
+
+    @devicehost.hookimpl
+    def devicehost_allocate(self, device_ids, claim):
+        if set(device_ids) - {"nic0", "nic1"}:
+            raise ValueError(f"no such NICs {device_ids}")
+        if claim is None:
+            return devicehost.ContainerAllocation(envs={"NICS": ",".join(device_ids)})
+        with self.lock:
+            for device in device_ids:
+                name = f"{claim.uid}-{device}"
+                self.claimed[name] = cdi.Device(name, cdi.ContainerEdits(env={"NIC": device}))
+            cdi.write_spec(cdi.Spec(kind=KIND, devices=list(self.claimed.values())))
+        return devicehost.ContainerAllocation(cdi_devices=[f"{KIND}={claim.uid}-{d}" for d in device_ids])
+
+    @devicehost.hookimpl
+    def devicehost_release(self, device_ids):
+        with self.lock:  # resets the whole NIC, whichever share went: every share loses it
+            for name in [n for n in self.claimed if n[UID + 1 :] in device_ids]:
+                del self.claimed[name]
+            if self.claimed:
+                cdi.write_spec(cdi.Spec(kind=KIND, devices=list(self.claimed.values())))
+            else:
+                cdi.remove_spec(KIND)
+"""
+
+
+def test_a_release_of_one_share_that_resets_the_device_breaks_dra_release_scope(short_tmp: Path) -> None:
+    site = short_tmp / "site"
+    install_fake_distribution(site, "devicehost-wiper", "dh_wiper", SHARE_WIPER, "wiper = dh_wiper:Backend")
+    code, broken, output = conformance(short_tmp, "wiper", dra=True, site=site)
+    assert (code, broken) == (1, {"test_dra_release_leaves_other_holders_alone": "dra-release-scope"}), output
+    assert "unpreparing the claim of nic0 (two shares of one device, the other nic0) took the other" in output
+
+
+def test_the_walkthrough_names_every_dra_rule() -> None:
+    """docs/writing-a-backend.md says what each DRA rule checks, by its ID (the device plugin
+    rules it describes in prose)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "writing-a-backend.md").read_text()
+    assert [rule for rule in RULES if rule.startswith("dra-") and f"`{rule}`" not in text] == []

@@ -4,7 +4,9 @@ backend walk-through in docs/writing-a-backend.md installs and passes conformanc
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -88,8 +90,40 @@ def test_the_doc_writes_a_whole_backend() -> None:
     }
 
 
+def get_devicehost() -> list[str]:
+    """The commands of the walk-through's "Get devicehost" block after its ``git clone``."""
+    section = WALKTHROUGH.read_text().split("\n## Get devicehost\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"^```\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    assert block is not None
+    lines = [line.split("  #")[0].strip() for line in block[1].splitlines() if line.strip()]
+    assert lines[0] == "git clone <devicehost repository> devicehost"
+    return lines[1:]
+
+
+def _fresh_clone(to: Path) -> Path:
+    """The files a fresh clone of this checkout has (tracked, and new ones git does not ignore)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, to / name)
+    return to
+
+
+def test_getting_devicehost_builds_its_wheel_from_a_path_into_the_backend_directory() -> None:
+    """A bare name is a package name to pip: the wheel is built from the clone's path, into the
+    backend's own wheels/ (where tox.ini's PIP_FIND_LINKS and the install line look)."""
+    wheel, cd, install = get_devicehost()
+    assert wheel == "python -m pip wheel --no-deps -w devicehost-acme/wheels ./devicehost"
+    assert cd == "cd devicehost-acme"
+    assert install == "pip install --find-links wheels -e '.[testing]'"
+    assert "{tox_root}{/}wheels" in doc_files()["tox.ini"]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_the_documented_backend_installs_and_passes_conformance(short_tmp: Path) -> None:
     project = short_tmp / "devicehost-acme"
     for path, text in doc_files().items():
@@ -97,11 +131,21 @@ def test_the_documented_backend_installs_and_passes_conformance(short_tmp: Path)
         (project / path).write_text(text)
     venv = short_tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=60)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    clone = _fresh_clone(short_tmp / "devicehost")
+    # "Get devicehost", as written, after the clone: the wheel, then the backend installed with it
+    commands = [". venv/bin/activate", *get_devicehost()]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DEVICEHOST_", "VIRTUAL_ENV"))}
     installed = subprocess.run(
-        [*pip, str(ROOT), f"{project}[testing]"], capture_output=True, text=True, timeout=240
+        ["bash", "-euo", "pipefail", "-c", " && ".join(commands)],
+        cwd=short_tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
-    assert installed.returncode == 0, installed.stderr
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    assert list((project / "wheels").glob("devicehost-*.whl")), "the wheel is not where pip looks"
+    assert clone.is_dir()
     backends = subprocess.run(
         [str(venv / "bin" / "devicehost"), "backends"], capture_output=True, text=True, timeout=30
     )

@@ -99,6 +99,8 @@ def claim(block: Block) -> str:
         return "shell"
     if block.lang == "python" and block.doc == "README.md":
         return "README backend"
+    if block.lang == "python" and "kit-test" in block.info:
+        return "kit test"
     if block.lang == "ini" and block.doc == "README.md":
         return "README backend"
     if block.lang == "python":
@@ -584,3 +586,49 @@ def test_the_readme_backend_installs_and_passes_conformance(short_tmp: Path) -> 
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert " passed" in result.stdout
+
+
+def test_the_dra_kit_names_are_public_and_its_example_test_passes(short_tmp: Path) -> None:
+    """docs/stability.md's DRA kit: every name it gives is in its module's ``__all__`` (and every
+    name there is given), and the test to copy passes against a bundled DRA backend, run as a
+    vendor runs it (pytest, the kit's plugin, --devicehost-backend)."""
+    import importlib
+
+    text = (ROOT / "docs" / "stability.md").read_text()
+    section = text.split("\n## The DRA kit\n", 1)[1].split("\n## ", 1)[0]
+    for module, names in re.findall(
+        r"^- `(devicehost\.testing\.\w+)`: (.*?)(?=^- |^A test to copy)", section, re.M | re.S
+    ):
+        public = importlib.import_module(module).__all__
+        given = set(re.findall(r"`(\w+)[`(]", names))
+        assert set(public) <= given, f"{module}: {set(public) - given} not named"
+        assert {n for n in given if n in vars(importlib.import_module(module))} >= set(public)
+    (example,) = of_kind("kit test")
+    (short_tmp / "test_my_backend_dra.py").write_text(example.text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVICEHOST_", "PYTEST_"))}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "error",
+            "--devicehost-backend",
+            "dra-example",
+            "-o",
+            "asyncio_mode=auto",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+            "test_my_backend_dra.py",
+        ],
+        cwd=short_tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "1 passed" in result.stdout

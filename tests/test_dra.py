@@ -21,6 +21,7 @@ from devicehost import Health, TaintEffect
 from devicehost.host.daemon import Host
 from devicehost.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
 from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from devicehost.standin.kubelet import KubeletStandIn
 from devicehost.testing.cluster import ClusterStandIn, prepare, registered_endpoint, unprepare
 from devicehost.testing.host import running_host
 from devicehost_example import ExampleBackend
@@ -41,19 +42,22 @@ async def dra_host(
 ) -> AsyncIterator[Host]:
     (root / "dp").mkdir(exist_ok=True)
     (root / "registry").mkdir(exist_ok=True)  # the kubelet's plugin watcher dir
-    async with running_host(
-        root / "dp",
-        {"example": backend or ExampleBackend()},
-        cluster=cluster,
-        serve_through={"example": "dra"},
-        node_name="node-a",
-        dra_plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        device_release=False,
-        backends={"example": {"resources": {"example.com/widget": 4}}},
-        **settings,
-    ) as host:
+    async with (
+        KubeletStandIn(root / "dp", root / "registry"),
+        running_host(
+            root / "dp",
+            {"example": backend or ExampleBackend()},
+            cluster=cluster,
+            serve_through={"example": "dra"},
+            node_name="node-a",
+            dra_plugins_dir=root / "plugins",
+            plugins_registry_dir=root / "registry",
+            cdi_dir=root / "cdi",
+            device_release=False,
+            backends={"example": {"resources": {"example.com/widget": 4}}},
+            **settings,
+        ) as host,
+    ):
         yield host
 
 

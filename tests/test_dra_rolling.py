@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from drafakes import CountingCluster, dra_host, dra_root
+from slicewatch import Timeline, Window, longest, missing, noted_kubelet, unregistered
+from waiting import eventually
 
 import devicehost
 from devicehost import ContainerAllocation, Device, Resource
@@ -56,7 +58,8 @@ def root() -> Iterator[Path]:
 
 
 def host_of(root: Path, backend: Gpus, cluster: ClusterStandIn) -> AbstractAsyncContextManager[Host]:
-    return dra_host(root, {"gpus": backend}, cluster, "n", rediscover_interval=0.05)
+    """One instance; the test registers it (:func:`endpoint`) or runs the kubelet stand-in."""
+    return dra_host(root, {"gpus": backend}, cluster, "n", kubelet=False, rediscover_interval=0.05)
 
 
 async def endpoint(root: Path, host: Host) -> str:
@@ -168,3 +171,51 @@ async def test_a_dead_instances_socket_or_another_drivers_does_not_keep_the_slic
             await cluster.wait(lambda c: SLICE in c.stored)
         assert SLICE not in cluster.stored
         assert cluster.calls["delete_slice"] == 1
+
+
+async def started(host: AbstractAsyncContextManager[Host]) -> contextlib.AsyncExitStack:
+    """``host`` entered, in a stack that stops it when closed."""
+    stack = contextlib.AsyncExitStack()
+    await stack.enter_async_context(host)
+    return stack
+
+
+async def test_rollouts_never_leave_the_pool_missing_nor_published_unregistered(root: Path) -> None:
+    """Three rollouts in a row, as the DaemonSet's surge does them: the newer instance starts
+    beside the older, the kubelet registers it, the older stops."""
+    cluster = Timeline(DRIVER)
+    async with noted_kubelet(root, cluster) as kubelet:
+        window = Window(cluster, kubelet, DRIVER)
+        serving = await started(host_of(root, Gpus(), cluster))
+        await cluster.wait(lambda c: SLICE in c.stored)
+        for _ in range(3):
+            newer = await started(host_of(root, Gpus(), cluster))
+            await eventually(lambda: len(kubelet.dra.endpoints(DRIVER)) == 2, "the newer one registered")
+            await asyncio.sleep(0.1)  # the newer one has compared what it wants with what is published
+            await serving.aclose()  # the older stops while the newer serves
+            serving = newer
+            await asyncio.sleep(0.1)
+        await serving.aclose()
+        await window.stop()
+    states = sorted(window.samples + cluster.changes)
+    gap = longest([s for s in states if s[0] < cluster.changes[-1][0]], missing)  # up to the last stop
+    assert gap == 0.0  # every change of the API server noted: the pool was never missing
+    assert longest(states, unregistered) == 0.0
+    assert SLICE not in cluster.stored  # the last one withdrew them
+    assert len(cluster.changes) == 2  # created once, deleted once: no instance rewrote the other's
+    print(f"rollouts: longest gap in the pool {gap:.3f} s over {len(window.samples)} samples")
+
+
+async def test_the_older_instance_leaves_the_newer_ones_pool_as_the_newer_publishes_it(root: Path) -> None:
+    """A new version that publishes the pool otherwise (here a ninth device): the newer instance
+    writes its pool once, the older does not write its own back for as long as both run."""
+    cluster = Timeline(DRIVER)
+    async with noted_kubelet(root, cluster) as kubelet, host_of(root, Gpus(8), cluster):
+        await cluster.wait(lambda c: len(c.devices(DRIVER)) == 8)
+        async with host_of(root, Gpus(9), cluster):
+            await eventually(lambda: len(kubelet.dra.endpoints(DRIVER)) == 2, "the newer one registered")
+            await cluster.wait(lambda c: len(c.devices(DRIVER)) == 9)
+            written = len(cluster.changes)
+            await asyncio.sleep(2.5)  # more than two of the pool's write intervals
+            assert len(cluster.changes) == written
+            assert len(cluster.devices(DRIVER)) == 9

@@ -203,6 +203,27 @@ async def test_cdi_specs_follow_a_reload_so_every_allocated_name_is_defined(
     assert not list(cdi_dir.glob("*.json"))
 
 
+async def test_a_reload_of_cdi_dir_alone_moves_the_example_backends_spec(
+    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path
+) -> None:
+    """The backend is told the new cdi_dir (devicehost_host_facts) though its settings stay."""
+    config_file, widget = short_tmp / "config.yaml", "example.com/widget"
+
+    def publish(cdi_dir: Path) -> None:
+        config = example_config(plugin_dir, {widget: 2}, cdi_dir=str(cdi_dir))
+        config["backends"] = {"example": {"resources": {widget: 2}, "cdi": True}}
+        config_file.write_text(yaml.safe_dump(config))
+
+    publish(short_tmp / "old")
+    async with host_from_file(config_file) as host:
+        await kubelet.wait_for_resource(widget, healthy=2)
+        assert len(defined_cdi_names(short_tmp / "old")) == 2
+        publish(short_tmp / "new")
+        host.request_reload()
+        await eventually(lambda: not list((short_tmp / "old").glob("*.json")), "the old spec removed")
+        assert defined_cdi_names(short_tmp / "new") == {f"{widget}=widget-0", f"{widget}=widget-1"}
+
+
 class Reporter:
     """One resource served through DRA and the device plugin API: records the host facts it is
     told, ``cdi.default_dir()`` inside its allocate hook, and each health poll."""
@@ -259,7 +280,7 @@ async def test_every_in_place_setting_reaches_the_part_that_uses_it(
         "dra_plugins_dir": short_tmp / "plugins",
         "plugins_registry_dir": short_tmp / "registry",
         "cdi_dir": old_dir,
-        "health_interval": 2.0,
+        "health_interval": 30.0,
     }
     reloaded = {**settings, **IN_PLACE_VALUES, "cdi_dir": new_dir, "device_plugins_dir": plugin_dir}
     reloaded["pod_resources_socket"] = beside_kubelet(plugin_dir)
@@ -292,9 +313,9 @@ async def test_every_in_place_setting_reaches_the_part_that_uses_it(
         assert reporter.told[-1] == devicehost.HostFacts(node_name="n", cdi_dir=new_dir)
         assert [f.cdi_dir for f in reporter.told] == [old_dir, new_dir]
         assert reporter.default_dirs == [old_dir, new_dir]
-        # health_interval: the resource's health poll, from its next poll on (at most 2 s away)
+        # health_interval: the resource's health poll, at once (not after the 30 s it was sleeping)
         polls = reporter.polls
-        await eventually(lambda: reporter.polls >= polls + 10, "health polls every 0.05 s", within=4)
+        await eventually(lambda: reporter.polls >= polls + 10, "health polls every 0.05 s", within=3)
         # hook_timeout: each hook call's bound; register_timeout: the Register client's
         (backend,) = host.backends
         assert backend.link.hook_timeout == 3.5

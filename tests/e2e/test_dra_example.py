@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from allocations import observed, record
 from drahost import DraHost, container_env, device_count, event_messages, since, wait_running
 from k8skit import Kit, until
 
@@ -83,6 +84,7 @@ def run_scenario(kit: Kit, name: str, docs: Sequence[dict[str, Any]], pods: Sequ
     kit.apply_all(docs)
     wait_running(kit, name, pods)
     kit.timings[f"dra-example {name}: applied -> running"] = since(started)
+    record(kit, name, observed(kit, name, list(pods), DRIVER))
 
 
 def gpu_env(kit: Kit, namespace: str, pod: str, container: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from allocations import observed, record, record_refusal
 from drahost import DraHost, container_env, driver_slices, feature_gates, first_event, since
 from drahost import wait_running as pods_running
 from k8skit import Kit, until
@@ -172,6 +173,7 @@ def test_partitions_and_the_full_gpu_never_exceed_the_counters(kit: Kit, host: D
     message = first_event(kit, NAMESPACE, "pod-full", "FailedScheduling")
     kit.timings["dra-partitions pod-full: applied -> FailedScheduling"] = since(started)
     kit.notes.append(f"dra-partitions pod-full FailedScheduling (2 partitions held): {message}")
+    record_refusal(kit, NAMESPACE, "pod-full", message)
     print(f"pod-full FailedScheduling: {message}")
 
     # two more partitions still fit: 4 x 20Gi = the GPU's 80Gi
@@ -182,6 +184,7 @@ def test_partitions_and_the_full_gpu_never_exceed_the_counters(kit: Kit, host: D
     assert len(second) == 2, second
     assert not set(first) & set(second), (first, second)
     assert sorted(first + second) == PARTITIONS
+    record(kit, NAMESPACE, observed(kit, NAMESPACE, ["pod0", "pod1"], DRIVER))
     still = kit.get("pod", "-n", NAMESPACE, "pod-full")
     assert still["status"].get("phase") == "Pending", still["status"]
     assert not still["spec"].get("nodeName"), still["spec"]

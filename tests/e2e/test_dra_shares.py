@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from allocations import observed, record, record_refusal
 from drahost import DraHost, container_env, driver_slices, feature_gates, first_event, since, wait_running
 from k8skit import Kit, until
 
@@ -117,6 +118,7 @@ def run_pair(kit: Kit, what: str, claims: tuple[str, ...], pods: tuple[str, str]
     wait_running(kit, NAMESPACE, list(pods))
     kit.timings[f"dra-shares {what}: applied -> 2 pods running"] = since(started)
     driver = NET if what == "nic" else GPU
+    record(kit, f"dra-shares {what}", observed(kit, NAMESPACE, list(pods), driver))
     return [container_env(kit, "dra-shares", NAMESPACE, pod, "ctr0", driver) for pod in pods]
 
 
@@ -150,6 +152,7 @@ def test_two_claims_share_one_gpu_each_with_its_memory_and_compute(kit: Kit, hos
     kit.apply_all([too_big, pod])
     message = first_event(kit, NAMESPACE, "too-big-pod", "FailedScheduling")
     kit.notes.append(f"dra-shares too-big-pod (60Gi with 32Gi of gpu-0 taken): FailedScheduling: {message}")
+    record_refusal(kit, "dra-shares gpu", "too-big-pod", message)
     assert kit.get("pod", "-n", NAMESPACE, "too-big-pod")["status"].get("phase") == "Pending"
     delete_pods(kit, "too-big-pod", "gpu-pod0", "gpu-pod1")
     until(lambda: len(host.events("claim unprepared")) >= 2 or None, "both GPU shares unprepared", within=60)

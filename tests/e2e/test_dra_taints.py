@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
+from allocations import observed, record, record_refusal
 from drahost import (
     DraHost,
     container_env,
@@ -237,6 +238,7 @@ def test_noschedule_keeps_the_running_pod_and_holds_new_ones(kit: Kit, host: Dra
             time.monotonic() - started, 2
         )
         note(kit, f"{name} pod-no-schedule FailedScheduling ({GPUS - 1} GPUs free, all tainted): {message}")
+        record_refusal(kit, name, "pod-no-schedule", message)
         found = pods(kit, name)
         assert found["pod-no-schedule"]["status"].get("phase") == "Pending", found["pod-no-schedule"][
             "status"
@@ -261,6 +263,7 @@ def test_noschedule_keeps_the_running_pod_and_holds_new_ones(kit: Kit, host: Dra
         )
         second = one_gpu(gpu_env(kit, name, "pod-no-schedule"))
         assert second != gpu, (gpu, second)
+        record(kit, name, observed(kit, name, ["pod-keeps-running", "pod-no-schedule"], DRIVER))
 
 
 def test_a_rule_naming_one_device_taints_only_that_device(kit: Kit, host: DraHost) -> None:
@@ -279,6 +282,7 @@ def test_a_rule_naming_one_device_taints_only_that_device(kit: Kit, host: DraHos
         assert other != "gpu-2", other
         message = first_event(kit, name, "pod-gpu-2", "FailedScheduling")
         note(kit, f"{name} pod-gpu-2 FailedScheduling (gpu-2 of pool {pool} tainted): {message}")
+        record_refusal(kit, name, "pod-gpu-2", message)
         assert pods(kit, name)["pod-gpu-2"]["status"].get("phase") == "Pending"
 
         started = time.monotonic()
@@ -286,6 +290,7 @@ def test_a_rule_naming_one_device_taints_only_that_device(kit: Kit, host: DraHos
         wait_running(kit, name, ["pod-gpu-2"])
         kit.timings[f"dra-taints {name}: rule deleted -> pod-gpu-2 running"] = since(started)
         assert one_gpu(gpu_env(kit, name, "pod-gpu-2")) == "gpu-2"
+        record(kit, name, observed(kit, name, ["pod-any-gpu", "pod-gpu-2"], DRIVER))
 
 
 def test_noexecute_evicts_the_pod_without_a_toleration(kit: Kit, host: DraHost) -> None:
@@ -367,6 +372,7 @@ def test_toleration_seconds_delays_the_eviction(kit: Kit, host: DraHost) -> None
         kit.timings[f"dra-taints {name}: 3 pods applied -> running"] = since(started)
         given = {p: one_gpu(gpu_env(kit, name, p)) for p in three}
         assert sorted(given.values()) == [f"gpu-{i}" for i in range(GPUS)], given
+        record(kit, name, observed(kit, name, three, DRIVER))
 
         started = time.monotonic()
         kit.apply_all([docs["DeviceTaintRule"]])
@@ -463,6 +469,7 @@ def test_an_unhealthy_device_is_published_with_a_taint_until_it_recovers(
         message = first_event(kit, name, "pod-intolerant", "FailedScheduling")
         kit.timings[f"dra-taints {name}: pod-intolerant applied -> FailedScheduling"] = since(started)
         note(kit, f"{name} pod-intolerant FailedScheduling (gizmo-1 tainted, free): {message}")
+        record_refusal(kit, name, "pod-intolerant", message)
         found = pods(kit, name)["pod-intolerant"]
         assert found["status"].get("phase") == "Pending", found["status"]
         assert not found["spec"].get("nodeName"), found["spec"]

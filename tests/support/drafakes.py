@@ -8,6 +8,7 @@ The host's DRA rooms (claims, publisher, drivers) take these where production pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -25,6 +26,7 @@ from devicehost.host.daemon import Host
 from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.cluster import ClusterError
 from devicehost.host.serving.table import DeviceTable
+from devicehost.standin.kubelet import KubeletStandIn
 from devicehost.testing.cluster import ClusterStandIn
 from devicehost.testing.host import running_host
 
@@ -55,22 +57,22 @@ class CountingCluster(ClusterStandIn):
         self._count("slices")
         return await super().slices(node, driver)
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._count("create_slice")
-        await super().create_slice(body)
+        return await super().create_slice(body)
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._count("replace_slice")
-        await super().replace_slice(body)
+        return await super().replace_slice(body)
 
     async def delete_slice(self, name: str) -> None:
         self._count("delete_slice")
         await super().delete_slice(name)
 
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
-        self._count("slice_deletions")
-        async for name in super().slice_deletions(node, driver):
-            yield name
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        self._count("slice_events")
+        async for event in super().slice_events(node, driver):
+            yield event
 
 
 class Recorder:
@@ -188,20 +190,31 @@ def dra_root(prefix: str) -> Iterator[Path]:
 
 @asynccontextmanager
 async def dra_host(
-    root: Path, backends: Mapping[str, object], cluster: ClusterStandIn, node: str, **settings: Any
+    root: Path,
+    backends: Mapping[str, object],
+    cluster: ClusterStandIn,
+    node: str,
+    *,
+    kubelet: bool = True,
+    **settings: Any,
 ) -> AsyncIterator[Host]:
-    """The real host serving ``backends`` through DRA only, in ``root``, on ``cluster``."""
+    """The real host serving ``backends`` through DRA only, in ``root``, on ``cluster``; with
+    ``kubelet``, the kubelet stand-in's plugin watcher on ``root / "registry"`` registers its drivers."""
     (root / "dp").mkdir(exist_ok=True)
-    async with running_host(
-        root / "dp",
-        dict(backends),
-        cluster=cluster,
-        serve_through=dict.fromkeys(backends, "dra"),
-        node_name=node,
-        dra_plugins_dir=root / "plugins",
-        plugins_registry_dir=root / "registry",
-        cdi_dir=root / "cdi",
-        device_release=False,
-        **settings,
-    ) as host:
-        yield host
+    async with contextlib.AsyncExitStack() as stack:
+        if kubelet:
+            await stack.enter_async_context(KubeletStandIn(root / "dp", root / "registry"))
+        yield await stack.enter_async_context(
+            running_host(
+                root / "dp",
+                dict(backends),
+                cluster=cluster,
+                serve_through=dict.fromkeys(backends, "dra"),
+                node_name=node,
+                dra_plugins_dir=root / "plugins",
+                plugins_registry_dir=root / "registry",
+                cdi_dir=root / "cdi",
+                device_release=False,
+                **settings,
+            )
+        )

@@ -102,6 +102,13 @@ def _symlink(tmp: Path) -> Path:
     return tmp / "link"
 
 
+def _long(tmp: Path) -> Path:
+    """A dir whose path leaves 7 bytes too few for the shortest socket name (33 bytes and a /)."""
+    made = tmp / ("d" * (107 - 33 - 1 + 7 - len(str(tmp)) - 1))
+    made.mkdir()
+    return made
+
+
 def _file(tmp: Path) -> Path:
     (tmp / "file").write_text("")
     return tmp / "file"
@@ -122,8 +129,18 @@ def _file(tmp: Path) -> Path:
             {"DEVICEHOST_REGISTRATION_MODE": "watcher", "DEVICEHOST_PLUGINS_REGISTRY_DIR": "/nonexistent/pr"},
             "plugins_registry dir /nonexistent/pr does not exist",
         ),
+        (
+            _long,
+            {},
+            "device_plugins_dir {dir} is too long for unix sockets by 7 bytes: a socket path has at most 107",
+        ),
+        (
+            lambda tmp: tmp,
+            {"DEVICEHOST_NODE_NAME": "n", "DEVICEHOST_DRA_PLUGINS_DIR": "/" + "p" * 70},
+            "dra_plugins_dir /" + "p" * 70 + " is too long for unix sockets by 2 bytes",
+        ),
     ],
-    ids=["missing", "a-file", "symlinked", "watcher-registry-missing"],
+    ids=["missing", "a-file", "symlinked", "watcher-registry-missing", "too-long", "dra-too-long"],
 )
 def test_unusable_socket_dir_is_a_usage_error(
     make_dir: Callable[[Path], Path],

@@ -16,6 +16,7 @@ from devicehost.host.config import HostConfig
 from devicehost.host.context import HostContext
 from devicehost.host.dra.drivers import DraDrivers
 from devicehost.host.state import ResourceState
+from devicehost.standin.kubelet import KubeletStandIn
 
 
 def state(name: str, registered: bool = True) -> ResourceState:
@@ -98,6 +99,11 @@ async def test_resources_of_one_driver_share_it_and_its_slices_go_at_close(root:
         dra_drivers={"example.com/gizmo": "gizmo.example.com"},
     )
     drivers = drivers_of(config, cluster)
+    async with KubeletStandIn(root / "dp", root / "registry"):  # registers the drivers: they publish
+        await resources_of_one_driver(drivers, cluster)
+
+
+async def resources_of_one_driver(drivers: DraDrivers, cluster: CountingCluster) -> None:
     with (
         fake_server(Recorder(), [Device("w0")]) as widget,
         fake_server(Recorder(), [Device("w1")], resource="example.com/other") as other,

@@ -130,7 +130,7 @@ async def test_1000_devices_are_one_pool_of_8_slices_of_one_generation() -> None
     assert all(pool == {"name": POOL, "generation": 1, "resourceSliceCount": 8} for pool in pools(cluster))
     assert [len(cluster.stored[n]["spec"]["devices"]) for n in slice_names(8)] == [128] * 7 + [104]
     assert all(b["metadata"]["ownerReferences"][0]["uid"] == NODE_UID for b in cluster.stored.values())
-    assert publisher.writes == cluster.calls["create_slice"] == 8
+    assert publisher.written.writes == cluster.calls["create_slice"] == 8
     assert cluster.views[-1] == healthy(table)
     assert cluster.views == [healthy(table)]  # never complete before the last slice
 
@@ -141,16 +141,16 @@ async def test_a_device_flapping_rewrites_its_own_slice_and_keeps_the_generation
     sick = [Device(d.id, Health.UNHEALTHY) if d.id == "w600" else d for d in table]  # in the 5th slice
     want(publisher, placement, sick)
     await publisher.sync()
-    assert publisher.writes == 8 + 1
+    assert publisher.written.writes == 8 + 1
     assert {n for n, v in versions(cluster).items() if before[n] != v} == {slice_names(8)[4]}
     assert {p["generation"] for p in pools(cluster)} == {1}  # one whole-slice write: no mix to hide
     assert cluster.views[-1] == healthy(table) - {"w600"}
     want(publisher, placement, table)
     await publisher.sync()
-    assert publisher.writes == 8 + 2
+    assert publisher.written.writes == 8 + 2
     assert cluster.views[-1] == healthy(table)
     await publisher.sync()  # nothing changed: nothing written
-    assert publisher.writes == 8 + 2
+    assert publisher.written.writes == 8 + 2
 
 
 async def test_a_change_of_two_slices_moves_the_generation_of_every_slice() -> None:
@@ -158,7 +158,7 @@ async def test_a_change_of_two_slices_moves_the_generation_of_every_slice() -> N
     sick = [Device(d.id, Health.UNHEALTHY) if d.id in ("w0", "w999") else d for d in table]
     want(publisher, placement, sick)
     await publisher.sync()
-    assert publisher.writes == 8 + 8
+    assert publisher.written.writes == 8 + 8
     assert {p["generation"] for p in pools(cluster)} == {2}
     assert set(cluster.views) == {healthy(table), healthy(table) - {"w0", "w999"}}  # never a mix
 

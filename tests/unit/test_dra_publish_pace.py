@@ -29,13 +29,13 @@ class TimedCluster(CountingCluster):
         super().__init__()
         self.written: list[tuple[float, str]] = []
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self.written.append((time.monotonic(), body["metadata"]["name"]))
-        await super().create_slice(body)
+        return await super().create_slice(body)
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self.written.append((time.monotonic(), body["metadata"]["name"]))
-        await super().replace_slice(body)
+        return await super().replace_slice(body)
 
     async def delete_slice(self, name: str) -> None:
         self.written.append((time.monotonic(), name))
@@ -78,6 +78,7 @@ class Resource:
 @asynccontextmanager
 async def running(publisher: Publisher) -> AsyncIterator[Publisher]:
     task = asyncio.create_task(publisher.run())
+    publisher.open()  # the kubelet registered the driver
     try:
         yield publisher
     finally:

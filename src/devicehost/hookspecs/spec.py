@@ -189,9 +189,9 @@ def devicehost_release(resource: str, device_ids: tuple[str, ...], claim: ClaimR
     once per device set a container held, never for devices the kubelet still assigns. The
     devices are advertised Unhealthy until it returns, then get their health back. Through DRA
     it is called when a claim is unprepared, for the claim's devices that no other prepared
-    claim (an admin-access one, say) still holds, and once per request for the claim's shares
+    claim (an admin-access one, say) still takes, and once per request for the claim's shares
     of devices that allow multiple allocations (each share is released with its claim, whoever
-    else holds the device).
+    else takes the device).
 
     :param resource: the extended resource name.
     :param device_ids: the IDs one container held, now free; for shares, the shared devices.

@@ -128,7 +128,7 @@ class Device:
     :param capacity: DRA only: amounts the device has (``{"memory": "16Gi"}``), an int, a
         Kubernetes quantity string or a :class:`Capacity` with a request policy, matched as
         ``device.capacity["example.com"].memory``.
-    :param allow_multiple_allocations: DRA only: many claims may hold the device at once, each
+    :param allow_multiple_allocations: DRA only: many claims may take the device at once, each
         with a share of its :attr:`capacity` (a :class:`Capacity` with a request policy says how
         much a share takes); the allocate hook then gets each share's ID and amounts in
         :attr:`ClaimRequest.shares`, and the release hook is called per share.
@@ -319,8 +319,8 @@ class ClaimRequest:
         DeviceClass then the claim, the last one that names the request (or names none) winning:
         an instance of the backend's claim configuration model when it declares one
         (``devicehost_claim_config_model``), else the parameters as a mapping; None when none applies.
-    :param admin_access: the claim asks for admin access: other claims may hold the same devices
-        (monitor them, do not reset them); the host never releases a device another claim holds.
+    :param admin_access: the claim asks for admin access: other claims may take the same devices
+        (monitor them, do not reset them); the host never releases a device another claim takes.
     :param shares: by device ID, the share of each device that allows multiple allocations
         (:attr:`Device.allow_multiple_allocations`); devices allocated whole are not in it.
     """

@@ -88,9 +88,7 @@ async def running(
         _remove_stale_sockets(config)
         context = HostContext(config)
         observe = None if metrics is None else metrics.observer
-        parts, watch, client = compose(
-            context, BackendSet(backends, failed_backends, context), observe, cluster
-        )
+        parts, watch, client = compose(context, backends, failed_backends, observe, cluster)
         stack.push_async_callback(client.close)
         host = Host(parts, reload_config)
         await stack.enter_async_context(_helper(watch.run(), "kubelet socket watch"))
@@ -109,7 +107,8 @@ async def running(
 
 def compose(
     context: HostContext,
-    backends: BackendSet,
+    backends: Sequence[Backend],
+    failed_backends: Mapping[str, str] | None,
     observe_allocation: Callable[[str], Callable[[float], None]] | None,
     cluster: Callable[[], Cluster] | None,
 ) -> tuple[HostParts, KubeletSocketWatch, KubeletClient]:
@@ -135,7 +134,8 @@ def compose(
     dra = DraDrivers(context, serving.token, cluster=cluster, device_plugin_holds=holds)
     peers = PeerWatch(registration.directory, serving.token, lambda: list(resources.values()))
     watch.subscribe(peers.on_dir_change)  # another host's sockets come and go in this dir
-    return HostParts(context, backends, serving, resources, wake, dra, peers, release), watch, client
+    backend_set = BackendSet(backends, failed_backends, context)
+    return HostParts(context, backend_set, serving, resources, wake, dra, peers, release), watch, client
 
 
 def _no_observer(resource: str) -> Callable[[float], None]:

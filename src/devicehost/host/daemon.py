@@ -184,7 +184,7 @@ class Host:
 
     async def reconcile(self) -> None:
         """Discover every backend at once; each answer is applied as it comes, so a slow backend
-        holds back no other backend's resources."""
+        delays no other backend's resources."""
         self.discoveries += 1
         await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
         _warn_unserved_policies(self.config.preferred_allocation, self.resources, self._policies_warned)

@@ -5,8 +5,9 @@ kubelet's device-plugins, plugins and plugins_registry dirs and a CDI dir, the s
 serving there, an in-memory API server (:mod:`devicehost.standin.apiserver`) for DRA, and the
 host serving into them. It shows every resource the kubelet registers, its devices and health as
 they change, one sample allocation per device plugin resource and, per DRA driver, one sample
-claim prepared (with the devices, CDI devices and environment a container would get) and
-unprepared, until interrupted.
+claim prepared (configured with the first example the backend's claim config model offers, and
+with the devices, CDI devices and environment a container would get) and unprepared, until
+interrupted.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 from google.protobuf import json_format
 
 from devicehost.host.app import run_host
+from devicehost.host.backends.config_examples import config_examples
+from devicehost.host.dra.names import driver_name
 from devicehost.standin import AdmissionError, DraCallError, DraDevice, EventKind, KubeletStandIn
-from devicehost.standin.apiserver import ApiServerStandIn
+from devicehost.standin.apiserver import ApiServerStandIn, Unschedulable
 from devicehost.standin.events import COMPONENT
 
 if TYPE_CHECKING:
@@ -115,6 +118,17 @@ class _BackendNames:
     def stopping(self) -> bool:
         return self.host is not None and self.host.stopping.is_set()
 
+    def claim_config(self, driver: str) -> dict[str, Any] | None:
+        """The first configuration the claim config model of the backend serving ``driver``
+        offers as an example (:mod:`devicehost.host.backends.config_examples`); None without one."""
+        if self.host is None:
+            return None
+        for name, server in self.host.resources.items():
+            model = server.backend.claim_config_model
+            if model is not None and driver_name(name, self.host.config.dra_drivers) == driver:
+                return next(iter(config_examples(model)), None)
+        return None
+
     def of(self, resource: str) -> str | None:
         server = self.host.resources.get(resource) if self.host is not None else None
         if server is not None:
@@ -166,7 +180,8 @@ async def _show(
             and event.resource not in sampled
         ):
             sampled.add(event.resource)
-            await _sample_claim(kubelet, apiserver, event.resource, cdi_dir)
+            config = names.claim_config(event.resource)
+            await _sample_claim(kubelet, apiserver, event.resource, cdi_dir, config)
 
 
 def _labels(names: _BackendNames, resource: str) -> dict[str, str]:
@@ -200,18 +215,23 @@ async def _sample_allocation(kubelet: KubeletStandIn, resource: str, labels: dic
 
 
 async def _sample_claim(
-    kubelet: KubeletStandIn, apiserver: ApiServerStandIn, driver: str, cdi_dir: Path
+    kubelet: KubeletStandIn,
+    apiserver: ApiServerStandIn,
+    driver: str,
+    cdi_dir: Path,
+    config: Mapping[str, Any] | None,
 ) -> None:
-    """Allocate one device of ``driver`` to a claim, as the scheduler would, have the kubelet
-    prepare it, say what a container would get, and unprepare it again."""
+    """Allocate one device of ``driver`` to a claim configured with ``config`` (the backend's
+    example), as the scheduler would, have the kubelet prepare it, say what a container would
+    get, and unprepare it again."""
     labels = {"component": COMPONENT, "driver": driver}
     try:
         async with asyncio.timeout(10):
             await apiserver.wait(lambda a: bool(a.devices(driver)))
         ref = apiserver.allocate(
-            driver, namespace=SAMPLE_NAMESPACE, name=f"sample-{driver}", request="sample"
+            driver, namespace=SAMPLE_NAMESPACE, name=f"sample-{driver}", request="sample", config=config
         )
-    except (TimeoutError, AssertionError) as exc:
+    except (TimeoutError, Unschedulable) as exc:
         log.error("sample claim not allocated: no device published", **labels, error=str(exc) or "timed out")
         return
     claim = f"{ref[0]}/{ref[2]}"
@@ -222,6 +242,7 @@ async def _sample_claim(
             "sample claim prepared",
             **labels,
             claim=claim,
+            config=config,
             devices=[f"{d.pool}/{d.device}" for d in prepared],
             cdi_devices=[i for d in prepared for i in d.cdi_ids],
             env=_container_env(cdi_dir, prepared),
@@ -230,7 +251,7 @@ async def _sample_claim(
         await kubelet.dra.unprepare(driver, [ref])
         log.info("sample claim unprepared", **labels, claim=claim)
     except DraCallError as exc:
-        log.error("sample claim failed", **labels, claim=claim, error=str(exc))
+        log.error("sample claim failed", **labels, claim=claim, config=config, error=str(exc))
     finally:
         apiserver.claims.pop((ref[0], ref[2]), None)
 

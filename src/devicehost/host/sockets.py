@@ -4,6 +4,13 @@ Names are ``devicehost-<resource>-<token>.sock``: safe as one file name, never s
 ``.``, and unique per host start (the token), so two host pods can overlap in a rolling update.
 The host removes a file only if it is the very socket it created (same inode), or a stale
 ``devicehost-*.sock`` that no process listens on any more.
+
+A unix socket's path has at most :data:`MAX_UNIX_PATH` bytes. A name that would pass it (a long
+resource or driver name under a deep kubelet root, such as microk8s's
+``/var/snap/microk8s/common/var/lib/kubelet``) keeps its start and gets a hash of the whole
+(:func:`fitted`): the same for every host start in the same dir, so the sockets of two hosts
+serving one resource still share their resource part. A dir too long for even the shortest name
+is refused at start (:func:`check_path_room`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,12 @@ from pathlib import Path
 PREFIX = "devicehost-"
 SUFFIX = ".sock"
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+HASH_LENGTH = 8
+"""Hex digits of the hash a shortened name ends with."""
+TOKEN_LENGTH = 6
+"""Characters of a host start's token (:func:`new_token`)."""
+SHORTEST_NAME = len(f"{PREFIX}x-{'0' * HASH_LENGTH}-{'0' * TOKEN_LENGTH}{SUFFIX}")
+"""Bytes of the shortest socket name the host makes: a resource name cut to one character."""
 KUBELET_SOCKET = "kubelet.sock"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -30,25 +43,56 @@ class SocketDirError(Exception):
 
 def new_token() -> str:
     """A short random token that makes this host start's socket names unique."""
-    return secrets.token_hex(3)
+    return secrets.token_hex(TOKEN_LENGTH // 2)
+
+
+def fitted(name: str, room: int, whole: str = "") -> str | None:
+    """``name`` (ASCII) if it has at most ``room`` characters, else its start and a hash of
+    ``whole`` (default: ``name``), ``<start>-<8 hex>``, in ``room``; None when not even one
+    character of it fits."""
+    if len(name) <= room:
+        return name
+    keep = room - HASH_LENGTH - 1
+    if keep < 1:
+        return None
+    return f"{name[:keep]}-{hashlib.sha256((whole or name).encode()).hexdigest()[:HASH_LENGTH]}"
 
 
 def socket_name(resource: str, token: str, directory: Path) -> str:
-    """The socket file name for ``resource``, shortened with a hash if the path would be too long."""
+    """The socket file name for ``resource``, shortened with a hash if the path would be too long.
+
+    :raises SocketDirError: ``directory`` leaves no room even for the shortest name.
+    """
     safe = _UNSAFE.sub("_", resource.replace("/", "_"))
-    name = f"{PREFIX}{safe}-{token}{SUFFIX}"
-    room = MAX_UNIX_PATH - len(os.fsencode(directory)) - 1
-    if len(name) <= room:
-        return name
-    digest = hashlib.sha256(resource.encode()).hexdigest()[:8]
-    keep = room - len(f"{PREFIX}-{digest}-{token}{SUFFIX}")
-    if keep < 1:
-        raise SocketDirError(f"device-plugins dir {directory} is too long a path for unix sockets")
-    return f"{PREFIX}{safe[:keep]}-{digest}-{token}{SUFFIX}"
+    room = MAX_UNIX_PATH - len(os.fsencode(directory)) - 1 - len(f"{PREFIX}-{token}{SUFFIX}")
+    part = fitted(safe, room, resource)
+    if part is None:
+        raise SocketDirError(f"{directory} is too long a path for unix sockets")
+    return f"{PREFIX}{part}-{token}{SUFFIX}"
 
 
-def check_socket_dir(directory: Path, allow_symlink: bool = False, what: str = "device-plugins dir") -> None:
-    """Fail with a clear reason if the host cannot create sockets in ``directory``.
+def check_path_room(directory: Path, setting: str, needed: int = SHORTEST_NAME) -> None:
+    """Refuse ``directory`` (the value of ``setting``) when a path below it of ``needed`` more
+    bytes (after a ``/``) would pass the unix socket limit.
+
+    :raises SocketDirError: one line naming the setting, the dir and the bytes too many.
+    """
+    over = len(os.fsencode(directory)) + 1 + needed - MAX_UNIX_PATH
+    if over > 0:
+        raise SocketDirError(
+            f"{setting} {directory} is too long for unix sockets by {over} bytes: a socket path has "
+            f"at most {MAX_UNIX_PATH} bytes and the host's shortest below it needs {needed + 1}"
+        )
+
+
+def check_socket_dir(
+    directory: Path,
+    allow_symlink: bool = False,
+    what: str = "device-plugins dir",
+    setting: str = "device_plugins_dir",
+) -> None:
+    """Fail with a clear reason if the host cannot create sockets in ``directory`` (the value of
+    ``setting``).
 
     A path that resolves elsewhere through a symlink is refused unless ``allow_symlink``: the
     kubelet reads the dir it was told, and a planted link would send the sockets (and the
@@ -67,8 +111,7 @@ def check_socket_dir(directory: Path, allow_symlink: bool = False, what: str = "
         raise SocketDirError(f"{what} {directory} is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise SocketDirError(f"{what} {directory} is not writable by uid {os.getuid()}")
-    if len(os.fsencode(directory)) + 1 + len(f"{PREFIX}x-{'0' * 8}-{new_token()}{SUFFIX}") > MAX_UNIX_PATH:
-        raise SocketDirError(f"{what} {directory} is too long a path for unix sockets")
+    check_path_room(directory, setting)
 
 
 def inode_of(path: Path) -> int | None:
@@ -95,12 +138,7 @@ def parse_socket_name(name: str) -> tuple[str, str] | None:
     if not (name.startswith(PREFIX) and name.endswith(SUFFIX)):
         return None
     part, sep, token = name[len(PREFIX) : -len(SUFFIX)].rpartition("-")
-    if (
-        not sep
-        or not part
-        or len(token) != len(new_token())
-        or not all(c in "0123456789abcdef" for c in token)
-    ):
+    if not sep or not part or len(token) != TOKEN_LENGTH or not all(c in "0123456789abcdef" for c in token):
         return None
     return part, token
 

@@ -36,6 +36,8 @@ class DraState:
     """The ResourceSlice its devices are published in."""
     prepared_claims: int
     """Claims prepared with its devices, now."""
+    slices_restored: int = 0
+    """Slices of its pool written back after something else deleted or changed them."""
     restored_claims: int = 0
     """Of the driver's claims its checkpoint had at the start, those restored and still prepared."""
     not_restored: tuple[str, ...] = ()

@@ -1,12 +1,12 @@
 """An in-memory API server and scheduler for DRA: what the host publishes, and claims on it.
 
 :class:`ApiServerStandIn` keeps ResourceSlices as the host writes them and allocates claims from
-them the way the scheduler would for a simple request (``count`` devices of one driver, none
-given to another claim; a subrequest, an admin-access claim and opaque configuration when asked
-for), so a claim's whole life runs without a cluster: ``devicehost run --simulate-kubelet``
-serves DRA resources against it, and the test kit and the conformance suite drive claims on it.
-It answers the calls of the host's ``Cluster`` seam (:mod:`devicehost.host.dra.cluster`) with the
-values of :mod:`devicehost.resourceapi`, and imports nothing of the host. Claims as JSON, their
+them as the scheduler does (:mod:`devicehost.standin.scheduling`, with DeviceClasses and
+DeviceTaintRules; the rules are :mod:`devicehost.standin.allocator`'s), so a claim's whole
+life runs without a cluster: ``devicehost run --simulate-kubelet`` serves DRA resources against
+it, and the test kit and the conformance suite drive claims on it. It answers the calls of the
+host's ``Cluster`` seam (:mod:`devicehost.host.dra.cluster`) with the values of
+:mod:`devicehost.resourceapi`, and imports nothing of the host. Claims as JSON, their
 ``status.devices`` and a watch of them are :mod:`devicehost.standin.claimstatus`'s.
 """
 
@@ -15,24 +15,58 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from devicehost.resourceapi import (
-    AllocatedDevice,
     ClaimAllocation,
     ClusterError,
     Conflict,
     NotFound,
-    OpaqueConfig,
     claim_allocation,
 )
+from devicehost.standin.capacity import consumption
 from devicehost.standin.claimstatus import ClaimStatuses, published
+from devicehost.standin.scheduling import Scheduling, Unschedulable, claim_spec
+
+__all__ = ["NODE_UID", "ApiServerStandIn", "Unschedulable", "claim_spec", "share_of"]
 
 NODE_UID = "0f0f0f0f-node-uid"
 
+SliceEvent = tuple[str, Mapping[str, Any]]
+"""A watch event of a ResourceSlice: ``ADDED``, ``MODIFIED`` or ``DELETED``, and the slice."""
 
-class ApiServerStandIn(ClaimStatuses):
+
+class SliceWatches:
+    """The open watches of ResourceSlices: each gets every change as the real API server's
+    watch does, the slices there when it opened first (a watch from no resourceVersion)."""
+
+    def __init__(self) -> None:
+        self._queues: list[asyncio.Queue[SliceEvent]] = []
+
+    async def follow(
+        self, stored: Iterable[Mapping[str, Any]], node: str, driver: str
+    ) -> AsyncIterator[SliceEvent]:
+        """The events of ``node``'s slices of ``driver``, those ``stored`` now first, for ever."""
+        queue: asyncio.Queue[SliceEvent] = asyncio.Queue()
+        for body in stored:
+            queue.put_nowait(("ADDED", body))
+        self._queues.append(queue)
+        try:
+            while True:
+                kind, body = await queue.get()
+                if body["spec"]["nodeName"] == node and body["spec"]["driver"] == driver:
+                    yield kind, body
+        finally:
+            self._queues.remove(queue)
+
+    def tell(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Every open watch gets the change."""
+        for queue in self._queues:
+            queue.put_nowait((kind, body))
+
+
+class ApiServerStandIn(ClaimStatuses, Scheduling):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
 
     def __init__(self) -> None:
@@ -45,7 +79,7 @@ class ApiServerStandIn(ClaimStatuses):
         self.down: str | None = None
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
-        self._deletions: list[asyncio.Queue[str]] = []
+        self._slice_watches = SliceWatches()
         self.changed = asyncio.Event()
 
     # -- the seam ------------------------------------------------------------------------------
@@ -72,14 +106,14 @@ class ApiServerStandIn(ClaimStatuses):
         self._check()
         return self.device_taints_kept
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._check()
         name = body["metadata"]["name"]
         if name in self.stored:
             raise ClusterError(f"creating ResourceSlice {name}: 409 AlreadyExists")
-        self._store(body)
+        return self._store(body)
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._check()
         name = body["metadata"]["name"]
         current = self.stored.get(name)
@@ -87,21 +121,16 @@ class ApiServerStandIn(ClaimStatuses):
             "resourceVersion"
         ):
             raise Conflict(f"replacing ResourceSlice {name}: 409 Conflict")
-        self._store(body)
+        return self._store(body)
 
     async def delete_slice(self, name: str) -> None:
         self._check()
         self.delete(name)
 
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[SliceEvent]:
         self._check()
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        self._deletions.append(queue)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            self._deletions.remove(queue)
+        async for event in self._slice_watches.follow(self.stored.values(), node, driver):
+            yield event
 
     async def close(self) -> None:
         return None
@@ -110,50 +139,14 @@ class ApiServerStandIn(ClaimStatuses):
 
     def delete(self, name: str) -> None:
         """Delete a slice, as the kubelet does at its start; watchers are told."""
-        if self.stored.pop(name, None) is not None:
-            for queue in self._deletions:
-                queue.put_nowait(name)
+        body = self.stored.pop(name, None)
+        if body is not None:
+            self._slice_watches.tell("DELETED", body)
             self._bump()
 
     def devices(self, driver: str) -> list[tuple[str, str]]:
         """(pool, device) of every published device of ``driver``, slice by slice."""
         return list(published(self.stored, driver))
-
-    def allocate(
-        self,
-        driver: str,
-        count: int = 1,
-        *,
-        namespace: str = "default",
-        name: str = "",
-        request: str = "req",
-        config: Mapping[str, Any] | None = None,
-        admin_access: bool = False,
-        devices: Sequence[str] = (),
-        consumed: Mapping[str, str] | None = None,
-    ) -> tuple[str, str, str]:
-        """Allocate ``count`` free devices of ``driver`` to a new claim; its (namespace, uid, name).
-
-        ``request`` may be ``request/subrequest`` (a prioritized list's choice); ``config`` is the
-        claim's opaque parameters for ``driver`` and the request; an ``admin_access`` claim may
-        take devices other claims hold; ``devices`` names the ones to take. Of a device that
-        allows multiple allocations the claim gets a new share (:func:`share_of`, ``consumed``).
-        """
-        entries = published(self.stored, driver)
-        free = free_devices(entries, self.claims.values(), admin_access, devices)
-        if len(free) < count:
-            raise AssertionError(f"only {len(free)} free devices of {driver}, {count} asked for")
-        uid = str(uuid.uuid4())
-        name = name or f"claim-{uid[:8]}"
-        chosen = tuple(
-            AllocatedDevice(
-                request, driver, pool, device, admin_access, *share_of(entries[pool, device], consumed)
-            )
-            for pool, device in free[:count]
-        )
-        configs = (OpaqueConfig(driver, config, (request.partition("/")[0],)),) if config is not None else ()
-        self.claims[(namespace, name)] = ClaimAllocation(uid, chosen, configs)
-        return namespace, uid, name
 
     async def wait(self, predicate: Any, timeout: float = 5.0) -> None:  # noqa: ASYNC109
         """Wait until ``predicate(self)`` is true, checking after every change."""
@@ -162,13 +155,16 @@ class ApiServerStandIn(ClaimStatuses):
                 self.changed.clear()
                 await self.changed.wait()
 
-    def _store(self, body: Mapping[str, Any]) -> None:
+    def _store(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self.device_taints_kept and body["spec"].get("devices"):
             devices = [{k: v for k, v in d.items() if k != "taints"} for d in body["spec"]["devices"]]
             body = {**body, "spec": {**body["spec"], "devices": devices}}
         stored = {**body, "metadata": {**body["metadata"], "resourceVersion": str(next(self._versions))}}
+        kind = "MODIFIED" if body["metadata"]["name"] in self.stored else "ADDED"
         self.stored[body["metadata"]["name"]] = stored
+        self._slice_watches.tell(kind, stored)
         self._bump()
+        return stored
 
     def _bump(self) -> None:
         """After every change: wake the waiters (a test's subclass looks at each state here)."""
@@ -179,33 +175,18 @@ class ApiServerStandIn(ClaimStatuses):
             raise ClusterError(self.down)
 
 
-def free_devices(
-    entries: Mapping[tuple[str, str], Mapping[str, Any]],
-    claims: Iterable[ClaimAllocation],
-    admin_access: bool,
-    devices: Sequence[str],
-) -> list[tuple[str, str]]:
-    """(pool, device) of the published ``entries`` a new claim may take: those no claim holds
-    whole (any, for ``admin_access``; a shared one always), of ``devices`` when named."""
-    taken = {(d.pool, d.device) for c in claims for d in c.devices if not d.admin_access}
-    return [
-        d
-        for d, entry in entries.items()
-        if (admin_access or d not in taken or entry.get("allowMultipleAllocations"))
-        and (not devices or d[1] in devices)
-    ]
-
-
 def share_of(
     device: Mapping[str, Any], consumed: Mapping[str, str] | None = None
 ) -> tuple[str, dict[str, str]]:
-    """A new share ID and what the share takes (``consumed``, the rest at each capacity's request
-    policy default, else all of it) of the published ``device`` that allows multiple allocations,
-    as the scheduler allocates it; ("", {}) for one taken whole."""
+    """A new share ID and what the share takes of the published ``device`` that allows multiple
+    allocations for ``consumed`` (capacity requests), by its request policies as the scheduler
+    computes it (:func:`devicehost.standin.capacity.consumption`); ("", {}) for one taken whole.
+
+    :raises ValueError: the device cannot give a share of ``consumed``.
+    """
     if not device.get("allowMultipleAllocations"):
         return "", {}
-    taken = {
-        name: str((capacity.get("requestPolicy") or {}).get("default", capacity["value"]))
-        for name, capacity in (device.get("capacity") or {}).items()
-    }
-    return str(uuid.uuid4()), {**taken, **(consumed or {})}
+    taken = consumption(device.get("capacity") or {}, consumed or {})
+    if taken is None:
+        raise ValueError(f"device {device.get('name')!r} cannot give a share of {dict(consumed or {})}")
+    return str(uuid.uuid4()), {name: text for name, (_, text) in taken.items()}

@@ -15,12 +15,22 @@ import grpc
 from devicehost.proto.dra.v1 import api_pb2, api_pb2_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2 as registration_pb2
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
-from devicehost.standin.apiserver import NODE_UID, ApiServerStandIn
+from devicehost.standin.allocator import CANNOT_ALLOCATE
+from devicehost.standin.apiserver import NODE_UID, ApiServerStandIn, Unschedulable, claim_spec
 
 ClusterStandIn = ApiServerStandIn
 """The in-memory API server under the name the tests know it by."""
 
-__all__ = ["NODE_UID", "ClusterStandIn", "prepare", "registered_endpoint", "unprepare"]
+__all__ = [
+    "CANNOT_ALLOCATE",
+    "NODE_UID",
+    "ClusterStandIn",
+    "Unschedulable",
+    "claim_spec",
+    "prepare",
+    "registered_endpoint",
+    "unprepare",
+]
 
 
 async def registered_endpoint(registration_socket: Path) -> registration_pb2.PluginInfo:

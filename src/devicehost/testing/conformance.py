@@ -18,11 +18,17 @@ instance of it), ``dra-config-refused`` (one it refuses fails that claim alone),
 list's ``request/subrequest``); for a backend with a device that allows multiple allocations,
 ``dra-shares`` (two shares of it prepared, each with its share ID, and released apart), for one
 with counter sets ``dra-counters`` (every partition fits its set, the sets are published, a
-partition is prepared), and for a
+partition is prepared; its check of the declared counters, ``test_counters_are_declared_and_fit``,
+runs without ``--devicehost-dra`` too), ``dra-config-used`` (two examples the model reads as
+different give a container different edits), ``dra-release-scope`` (unpreparing one claim leaves
+another on the same hardware as it was), and for a
 backend with ``devicehost_device_status``, ``dra-device-status`` (it answers for its devices, and a
 claim of a device with binding conditions becomes bindable). A backend whose resources all declare
 ``serve_through="dra"``
-skips the device plugin wire checks.
+skips the device plugin wire checks. The DRA checks run under the driver names
+``--devicehost-driver-name`` gives (the operator's ``dra_drivers``). A check that sets a device's
+health makes it Healthy again on the way out, passed or failed; the plugin's summary names every
+check skipped or deselected, with its rule and why (:data:`~devicehost.testing.conformance_support.CHECKS`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from devicehost import quantity
 from devicehost.hookspecs import REQUIRED_HOOKS, rules
 from devicehost.hookspecs.types import ClaimRequest, Health, PreferredAllocationRequest, Resource
 from devicehost.host.backends.backend import SettingsRefused, checked_settings, hook_implementations
+from devicehost.host.backends.config_examples import INERT_KEY, declared_inert
 from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
@@ -70,6 +77,8 @@ from devicehost.testing.conformance_support import (
     DirectBackend,
     NullNotifier,
     broken,
+    cdi_resolution,
+    fault_cleared,
     health_toggle,
     healthy_ids,
     leaks_after,
@@ -179,7 +188,7 @@ async def _allocation_problems(
                 continue
             assert len(response.container_responses) == 1
             names = [c.name for c in response.container_responses[0].cdi_devices]
-            undefined += [f"{resource.name} {device}: {n!r}" for n in undefined_cdi_names(names, cdi_dir)]
+            undefined += [f"{resource.name} {device}: {p}" for p in undefined_cdi_names(names, cdi_dir)]
     return failures, undefined
 
 
@@ -308,14 +317,22 @@ async def test_health_goes_both_ways(
     name = devicehost_backend_name
     await start_host({name: plugin}, backends={name: devicehost_settings}, health_interval=HEALTH_POLL)
     await _view(kubelet, resource, "health-both-ways")
-    for health, expected in ((Health.UNHEALTHY, healthy - 1), (Health.HEALTHY, healthy)):
-        await asyncio.to_thread(toggle, resource.name, device, health)
-        try:
-            await kubelet.wait_for_resource(resource.name, healthy=expected, timeout=WAIT)
-        except AssertionError:
-            broken(
-                "health-both-ways", f"{resource.name} device {device} never turned {health} at the kubelet"
-            )
+
+    def seen(health: Health) -> Callable[[], bool]:
+        return lambda: any(d.id == device and d.health == health for d in kubelet.view(resource.name).devices)
+
+    with fault_cleared(toggle, resource.name, device):
+        for health in (Health.UNHEALTHY, Health.HEALTHY):
+            await asyncio.to_thread(toggle, resource.name, device, health)
+            what = f"{resource.name} device {device} never turned {health} at the kubelet"
+            await _until(seen(health), "health-both-ways", what)
+        # a fault may take several devices down together (a card and its partitions): all come back
+        await _until(
+            lambda: kubelet.view(resource.name).healthy == healthy,
+            "health-both-ways",
+            f"{resource.name}: {device} turned Healthy, but only {kubelet.view(resource.name).healthy}"
+            f" of the {healthy} devices healthy before its fault are healthy again",
+        )
 
 
 # -- allocation ------------------------------------------------------------------------------
@@ -368,7 +385,7 @@ async def test_cdi_names_are_defined(
 ) -> None:
     _, undefined = await _allocation_problems(kubelet, served, devicehost_cdi_dir, "cdi-names")
     if undefined:
-        broken("cdi-names", f"no spec in the CDI dir defines {'; '.join(undefined[:5])}")
+        broken("cdi-names", "; ".join(undefined[:5]))
 
 
 @pytest.mark.asyncio
@@ -401,7 +418,6 @@ async def test_reload_keeps_allocations_working(
     await _until(lambda: host.discoveries > before, "reload", "the host never rediscovered after the reload")
     failures, undefined = await _allocation_problems(kubelet, expected, devicehost_cdi_dir, "reload")
     if failures or undefined:
-        undefined = [f"{u} (no spec defines it)" for u in undefined]
         broken("reload", "; ".join([*failures, *undefined][:5]))
 
 
@@ -615,6 +631,7 @@ dra_check: pytest.MarkDecorator = getattr(pytest.mark, DRA_MARKER)
 @pytest_asyncio.fixture
 async def dra(
     devicehost_backend_name: str,
+    devicehost_driver_names: dict[str, str],
     devicehost_settings: dict[str, Any],
     devicehost_dir: Path,
     devicehost_cdi_dir: Path,
@@ -622,8 +639,12 @@ async def dra(
     direct: DirectBackend,
     served: list[Resource],
 ) -> AsyncIterator[DraRun]:
-    """The backend (the ``direct`` fixture's object) served through DRA only, with its settings."""
+    """The backend (the ``direct`` fixture's object) served through DRA only, with its settings,
+    under the driver names the operator configures (``--devicehost-driver-name``)."""
     _skip_unless_started(direct, served)
+    bare = devicehost_driver_names.get("")
+    drivers = {r.name: bare for r in served} if bare else {}
+    drivers |= {r: d for r, d in devicehost_driver_names.items() if r}
     async with dra_run(
         devicehost_dir,
         devicehost_backend_name,
@@ -632,6 +653,7 @@ async def dra(
         devicehost_cdi_dir,
         hook_timeout=WAIT,
         health_interval=HEALTH_POLL,
+        dra_drivers=drivers,
     ) as run:
         yield run
 
@@ -874,9 +896,6 @@ async def test_dra_counters_fit_and_partitions_are_prepared(served: list[Resourc
     if not partitioned:
         pytest.skip("no resource declares counter_sets: the backend publishes no partitionable devices")
     for resource in partitioned:
-        problems = counters_problems(resource)
-        if problems:
-            broken(rule, f"{resource.name}: {'; '.join(problems[:5])}")
         await _published_names(dra, resource, rule)
         counters = published_counter_sets(dra, resource)
         if counters != {name: set(sets) for name, sets in resource.counter_sets.items()}:
@@ -888,6 +907,24 @@ async def test_dra_counters_fit_and_partitions_are_prepared(served: list[Resourc
             if problems:
                 broken(rule, "; ".join(problems[:5]))
             await dra.unprepare(resource, claim, rule)
+
+
+def test_counters_are_declared_and_fit(direct: DirectBackend) -> None:
+    """dra-counters' check of what discovery declares: runs without ``--devicehost-dra`` too, as
+    the operator may serve any resource through DRA."""
+    rule = "dra-counters"
+    answer = _call(rule, "devicehost_discover", direct.hook.devicehost_discover) or ()
+    counted = [
+        r
+        for r in answer
+        if isinstance(r, Resource) and (r.counter_sets or any(d.consumes for d in r.devices))
+    ]
+    if not counted:
+        pytest.skip("no resource declares counter_sets: the backend publishes no partitionable devices")
+    problems = [f"{r.name}: {p}" for r in counted if (p := rules.counter_sets_problem(r))]
+    problems += [f"{r.name}: {p}" for r in counted for p in counters_problems(r)]
+    if problems:
+        broken(rule, "; ".join(problems[:5]))
 
 
 def counters_problems(resource: Resource) -> list[str]:
@@ -903,6 +940,137 @@ def counters_problems(resource: Resource) -> list[str]:
                         " it can never be allocated"
                     )
     return problems
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_claim_config_changes_what_a_container_gets(served: list[Resource], dra: DraRun) -> None:
+    rule = "dra-config-used"
+    model = dra.config_model
+    if model is None:
+        pytest.skip("no devicehost_claim_config_model: no configuration to tell apart")
+    if declared_inert(model):
+        pytest.skip(f"{model.__name__} declares its configuration inert ({INERT_KEY!r}: true)")
+    configs = _valid_configs(dra, rule)
+    differing = [c for c in configs[1:] if model.model_validate(c) != model.model_validate(configs[0])]
+    if not differing:
+        pytest.skip(
+            f"{model.__name__} offers no two examples that differ once validated: name at least two"
+            ' (json_schema_extra={"examples": [...]}), or declare it inert'
+        )
+    resource = _with_healthy(served, rule)
+    device = (await _published_names(dra, resource, rule))[0]
+    given = []
+    for config in (configs[0], differing[0]):
+        claim = dra.claim(resource, [device], config=config)
+        answer = await dra.prepare(resource, claim, rule)
+        edits, problems = cdi_resolution([i for d in answer for i in d.cdi_ids], dra.cdi_dir)
+        if problems:
+            broken("dra-prepare", f"{resource.name} claim of {device}: {'; '.join(problems[:5])}")
+        given.append(edits)
+        await dra.unprepare(resource, claim, rule)
+    if given[0] == given[1]:
+        broken(
+            rule,
+            f"{resource.name} {device}: claims configured {configs[0]!r:.200} and {differing[0]!r:.200},"
+            f" which {model.__name__} reads as different, give a container the same edits"
+            f" {_edits_text(given[0])}",
+        )
+
+
+def _edits_text(edits: Mapping[str, Sequence[Any]]) -> str:
+    return "{" + ", ".join(f"{k}: {v!r:.200}" for k, v in edits.items() if v) + "}"
+
+
+def _fitting_pair(resource: Resource, names: Mapping[str, str]) -> tuple[str, str] | None:
+    """Two published devices (slice names, by device ID in ``names``) drawing on one counter set
+    whose consumption fits the set together: the scheduler may give them to two claims."""
+    consuming = [d for d in resource.devices if d.id in names and d.consumes]
+    for n, first in enumerate(consuming):
+        for second in consuming[n + 1 :]:
+            shared = set(first.consumes) & set(second.consumes)
+            if shared and all(_fits(resource, name, first, second) for name in shared):
+                return names[first.id], names[second.id]
+    return None
+
+
+def _fits(resource: Resource, counter_set: str, *devices: Any) -> bool:
+    held = resource.counter_sets.get(counter_set, {})
+    for counter, amount in held.items():
+        taken = sum(quantity.parse(d.consumes[counter_set].get(counter, 0)) for d in devices)
+        if taken > quantity.parse(amount):
+            return False
+    return True
+
+
+async def _neighbours(dra: DraRun, resource: Resource, rule: str) -> list[tuple[str, str, str]]:
+    """Pairs of the resource's published devices (slice names) on the same hardware, and how:
+    two drawing on one counter set, two shares of one device; else two devices of the resource."""
+    await _published_names(dra, resource, rule)
+    names = {device_id(d): str(d["name"]) for d in dra.devices(resource) or ()}
+    pairs = []
+    pair = _fitting_pair(resource, names)
+    if pair:
+        pairs.append((*pair, "two devices drawing on one counter set"))
+    shared = [names[d.id] for d in resource.devices if d.allow_multiple_allocations and d.id in names]
+    if shared:
+        pairs.append((shared[0], shared[0], "two shares of one device"))
+    if not pairs and len(names) > 1:
+        first, second = list(names.values())[:2]
+        pairs.append((first, second, "two devices of one resource"))
+    if not pairs:
+        pytest.skip(f"{resource.name} publishes {len(names)} device, {rule} needs two claims")
+    return pairs
+
+
+async def _release_scope_problem(
+    direct: DirectBackend, dra: DraRun, resource: Resource, pair: tuple[str, str, str]
+) -> str | None:
+    """Prepare a claim of each device of ``pair``, unprepare the first: what that did to the
+    other ("": nothing; None: the two were not both prepared, nothing checked)."""
+    rule, (first, second, how) = "dra-release-scope", pair
+    going, staying = dra.claim(resource, [first]), dra.claim(resource, [second])
+    try:
+        await dra.prepare(resource, going, "dra-prepare")
+        ids = [i for d in await dra.prepare(resource, staying, "dra-prepare") for i in d.cdi_ids]
+    except pytest.fail.Exception:
+        return None
+    before, _ = cdi_resolution(ids, dra.cdi_dir)
+    await dra.unprepare(resource, going, rule)
+    what = f"{resource.name}: unpreparing the claim of {first} ({how}, the other {second})"
+    after, problems = cdi_resolution(ids, dra.cdi_dir)
+    if problems:
+        return f"{what} took the other claim's CDI devices: {'; '.join(problems[:3])}"
+    if after != before:
+        return f"{what} changed what the other claim gives a container: {_edits_text(before)}, now {_edits_text(after)}"
+    ids_by_name = {str(d["name"]): device_id(d) for d in dra.devices(resource) or ()}
+    held = next(d for d in resource.devices if d.id == ids_by_name.get(second))
+    if direct.implements("devicehost_health"):
+        hook = direct.hook.devicehost_health
+        health = _call(rule, "devicehost_health", hook, resource=resource.name, devices=(held,)) or {}
+        if health.get(held.id, Health.HEALTHY) != Health.HEALTHY:
+            return f"{what} left {held.id}, which the other claim holds, {health[held.id]}"
+    await dra.unprepare(resource, staying, rule)
+    return ""
+
+
+@dra_check
+@pytest.mark.asyncio
+async def test_dra_release_leaves_other_holders_alone(
+    direct: DirectBackend, served: list[Resource], dra: DraRun
+) -> None:
+    rule = "dra-release-scope"
+    resource = _with_healthy(served, rule)
+    pairs = await _neighbours(dra, resource, rule)
+    checked = 0
+    for pair in pairs:
+        problem = await _release_scope_problem(direct, dra, resource, pair)
+        if problem:
+            broken(rule, problem)
+        checked += problem is not None
+    if not checked:
+        tried = "; ".join(f"{how} ({first}, {second})" for first, second, how in pairs)
+        pytest.skip(f"{tried}: not both prepared, see the dra-prepare and dra-shares rules")
 
 
 @dra_check
@@ -957,9 +1125,10 @@ async def test_dra_unhealthy_devices_leave_the_slice(
     resource = _with_healthy(served, "dra-health")
     device = healthy_ids(resource)[0]
     await dra.published(resource, healthy_ids(resource), "dra-health")
-    for health in (Health.UNHEALTHY, Health.HEALTHY):
-        await asyncio.to_thread(toggle, resource.name, device, health)
-        await _published_while(dra, resource, device, health)
+    with fault_cleared(toggle, resource.name, device):
+        for health in (Health.UNHEALTHY, Health.HEALTHY):
+            await asyncio.to_thread(toggle, resource.name, device, health)
+            await _published_while(dra, resource, device, health)
 
 
 async def _published_while(dra: DraRun, resource: Resource, device: str, health: Health) -> None:

@@ -19,10 +19,7 @@ Every call of the backend's allocate and release (through the host's facade) is 
 from __future__ import annotations
 
 import contextlib
-import enum
 import re
-import types
-import typing
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Resource
+from devicehost.host.backends.config_examples import config_examples
 from devicehost.host.daemon import Host
 from devicehost.host.dra import names
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, OpaqueConfig
@@ -60,6 +58,18 @@ MAX_VALUE = 64
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+__all__ = [
+    "NAMESPACE",
+    "NODE",
+    "REQUEST",
+    "SUBREQUEST",
+    "DraRun",
+    "device_id",
+    "dra_run",
+    "sample_configs",
+    "slice_problems",
+]
 
 ClaimRef = tuple[str, str, str]
 Allocated = tuple[str, tuple[str, ...], ClaimRequest | None]
@@ -306,9 +316,7 @@ def answer_problems(
     ids = [i for d in answer for i in d.cdi_ids]
     if len(ids) != len(set(ids)):
         problems.append(f"{what}: a CDI device ID answered more than once: {ids}")
-    undefined = undefined_cdi_names(ids, run.cdi_dir)
-    if undefined:
-        problems.append(f"{what}: no spec in the CDI dir defines {undefined} (as containerd resolves them)")
+    problems += [f"{what}: {p}" for p in undefined_cdi_names(ids, run.cdi_dir)]
     return problems
 
 
@@ -351,66 +359,17 @@ async def dra_run(
 
 
 def sample_configs(model: type[BaseModel] | None) -> list[dict[str, Any]]:
-    """Configurations the backend takes: :data:`MAPPING_CONFIG` without a model; else the
-    ``examples`` of the model's JSON schema, or the least one built from its required fields
-    (empty when it cannot be built; whether the model accepts them is for the caller to check)."""
+    """Configurations the backend takes: :data:`MAPPING_CONFIG` without a model; else the ones
+    its model offers as examples (:func:`devicehost.host.backends.config_examples.config_examples`;
+    whether the model accepts them is for the caller to check)."""
     if model is None:
         return [dict(MAPPING_CONFIG)]
-    try:
-        examples = model.model_json_schema().get("examples")
-    except Exception:  # a model pydantic cannot describe as JSON schema: build one instead
-        examples = None
-    if isinstance(examples, list) and any(isinstance(e, dict) for e in examples):
-        return [e for e in examples if isinstance(e, dict)]
-    built = least_config(model)
-    return [] if built is None else [built]
+    return config_examples(model)
 
 
 def refused_config(valid: Mapping[str, Any]) -> dict[str, Any]:
     """``valid`` with a top-level key no model knows: refused at ``parameters.<UNKNOWN_KEY>``."""
     return {**valid, UNKNOWN_KEY: "devicehost conformance"}
-
-
-_NO_VALUE = object()
-
-
-def least_config(model: type[BaseModel]) -> dict[str, Any] | None:
-    """The model's required fields (by alias), each with the least value its type takes; None
-    when a field's type gives no obvious value."""
-    built: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        if not info.is_required():
-            continue
-        value = _least_value(info.annotation)
-        if value is _NO_VALUE:
-            return None
-        built[info.validation_alias if isinstance(info.validation_alias, str) else info.alias or name] = value
-    return built
-
-
-def _least_value(annotation: Any) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        return typing.get_args(annotation)[0]
-    if origin is typing.Annotated:
-        return _least_value(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        return None if type(None) in args else _least_value(args[0])
-    if origin in (list, tuple, set, frozenset, Sequence):
-        return []
-    if origin in (dict, Mapping):
-        return {}
-    if isinstance(annotation, type):
-        if issubclass(annotation, enum.Enum):
-            return next(iter(annotation)).value
-        if issubclass(annotation, BaseModel):
-            nested = least_config(annotation)
-            return _NO_VALUE if nested is None else nested
-        for kind, value in ((bool, False), (int, 0), (float, 0.0), (str, "")):
-            if issubclass(annotation, kind):
-                return value
-    return _NO_VALUE
 
 
 def config_problem(model: type[BaseModel] | None, config: Mapping[str, Any]) -> str | None:

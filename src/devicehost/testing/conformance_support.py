@@ -11,18 +11,20 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
+from devicehost import cdi
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Health, Resource
 from devicehost.host import reconcile
 from devicehost.host.backends.backend import new_plugin_manager
 from devicehost.host.backends.loader import UnknownBackendError, load_backends
-from devicehost.standin.cdi_runtime import registry as cdi_registry
+
+__all__ = ["CHECKS", "RULES", "DirectBackend", "broken", "cdi_resolution", "load_plugin"]
 
 RULES = {
     "entry-point": "the backend loads through its devicehost.backends entry point, as the host loads it",
@@ -38,7 +40,7 @@ RULES = {
     "health-values": "health is Healthy or Unhealthy, and devicehost_health names only the resource's devices",
     "health-both-ways": "a device the backend can make Unhealthy turns Healthy again (devicehost_conformance_set_health)",
     "start-hook": "devicehost_start succeeds for every resource the host would serve",
-    "cdi-names": "every CDI device name an allocation returns is defined by a spec in the CDI dir",
+    "cdi-names": "every CDI device name an allocation returns resolves as a runtime with CDI resolves it when the answer comes: exactly one valid spec in the CDI dir defines it",
     "reload": "after a reload with new settings, every device still allocates and its CDI names resolve",
     "allocation-answer": "devicehost_allocate answers every healthy device with a well-formed ContainerAllocation",
     "allocation-wire": "every advertised healthy device can be allocated by the kubelet over the wire",
@@ -57,11 +59,55 @@ RULES = {
     "dra-admin-access": "an admin-access claim of a device a normal claim holds is prepared (the hook gets admin_access=True: it must not refuse a device another claim holds), and unpreparing it leaves the normal claim prepared",
     "dra-subrequest": "a claim a prioritized list allocated (request 'request/subrequest') is prepared, its devices answered for 'request/subrequest' with valid CDI names a spec in the CDI dir defines",
     "dra-shares": "two claims of a device that allows multiple allocations are both prepared, the allocate hook getting each claim's share (ClaimRequest.shares, its shareID), and unpreparing one releases that share alone (the release hook gets it) and leaves the other claim prepared",
-    "dra-counters": "a resource with counter_sets: no device consumes more of a counter than its set holds (it could never be allocated), the pool's counters slice holds exactly the declared sets, and a claim of a consuming device (a partition) is prepared",
+    "dra-counters": "a resource with counter_sets (checked whether or not --devicehost-dra is given: any resource may be served through DRA): every device consumes only declared counters, none more of a counter than its set holds (it could never be allocated); through DRA, the pool's counters slice holds exactly the declared sets, and a claim of a consuming device (a partition) is prepared",
+    "dra-config-used": "two configurations the backend offers as examples (its claim config model's JSON schema examples), which its model reads as different, give a container different edits (what the claim's CDI devices resolve to), unless the model declares its configuration inert (\"x-devicehost-inert\": true)",
+    "dra-release-scope": "unpreparing one claim leaves another claim on the same hardware as it was (two partitions drawing on one counter set, two shares of one device; else two devices): its CDI devices still resolve to the same container edits, and its devices are still Healthy by devicehost_health",
     "dra-device-status": "a backend with devicehost_device_status answers for the devices it is asked about with well-formed devicehost.DeviceStatus values (before and after prepare), and reports a device's binding conditions until the host sees them all True (a claim of the device becomes bindable)",
     "dra-health": "a device the backend makes Unhealthy leaves its ResourceSlice and comes back when Healthy again (devicehost_conformance_set_health)",
 }
-"""The ``dra-*`` rules run only with ``--devicehost-dra`` (see :mod:`devicehost.testing.conformance_dra`)."""
+"""The ``dra-*`` rules run only with ``--devicehost-dra`` (see :mod:`devicehost.testing.conformance_dra`),
+but for ``dra-counters``' check of the declared counters."""
+
+CHECKS = {
+    "test_loads_through_its_entry_point": "entry-point",
+    "test_hooks_are_synchronous": "sync-hooks",
+    "test_required_hooks_are_implemented": "required-hooks",
+    "test_hooks_match_their_specs": "hook-specs",
+    "test_resource_names_follow_the_kubelet_rule": "resource-name",
+    "test_device_ids_follow_the_kubelet_rule": "device-id",
+    "test_offers_devices": "has-devices",
+    "test_discovery_is_stable": "stable-discovery",
+    "test_health_values_are_valid": "health-values",
+    "test_health_goes_both_ways": "health-both-ways",
+    "test_allocation_answers_are_well_formed": "allocation-answer",
+    "test_backend_refuses_unknown_ids": "unknown-ids-backend",
+    "test_every_device_allocates_over_the_wire": "allocation-wire",
+    "test_cdi_names_are_defined": "cdi-names",
+    "test_reload_keeps_allocations_working": "reload",
+    "test_kubelet_admission_succeeds": "admission",
+    "test_host_refuses_unknown_ids": "unknown-ids-host",
+    "test_preferred_allocation_is_well_formed": "preferred-allocation",
+    "test_start_hook_succeeds": "start-hook",
+    "test_start_and_stop_repeat_and_release": "start-stop",
+    "test_survives_a_kubelet_restart": "kubelet-restart",
+    "test_released_devices_come_back": "device-release",
+    "test_counters_are_declared_and_fit": "dra-counters",
+    "test_dra_publishes_every_resource": "dra-slices",
+    "test_dra_claims_are_prepared": "dra-prepare",
+    "test_dra_unprepare_releases": "dra-unprepare",
+    "test_dra_claim_config_reaches_the_hook": "dra-config",
+    "test_dra_refused_config_fails_its_claim_alone": "dra-config-refused",
+    "test_dra_admin_access_shares_a_held_device": "dra-admin-access",
+    "test_dra_subrequest_claims_are_prepared": "dra-subrequest",
+    "test_dra_shares_are_prepared_and_released_apart": "dra-shares",
+    "test_dra_counters_fit_and_partitions_are_prepared": "dra-counters",
+    "test_dra_claim_config_changes_what_a_container_gets": "dra-config-used",
+    "test_dra_release_leaves_other_holders_alone": "dra-release-scope",
+    "test_dra_device_status_answers_for_its_devices": "dra-device-status",
+    "test_dra_unhealthy_devices_leave_the_slice": "dra-health",
+}
+"""The rule each check of the suite holds the backend to, by test name: how the suite names the
+rules it skips, and why, at the end of its report."""
 
 HEALTH_HOOK = "devicehost_conformance_set_health"
 """The optional test-seam hook (see :mod:`devicehost.hookspecs.spec`): having it declares that
@@ -120,6 +166,25 @@ def health_toggle(direct: DirectBackend) -> Callable[[str, str, Health], None] |
     return legacy  # type: ignore[no-any-return]
 
 
+@contextlib.contextmanager
+def fault_cleared(
+    toggle: Callable[[str, str, Health], None], resource: str, device_id: str
+) -> Iterator[None]:
+    """Make ``device_id`` Healthy again on the way out, whether the check passed or failed: a
+    fault the suite set (in a fault file, in the hardware) must not outlive the check and make
+    the next run skip what needs a healthy device."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # the check's own failure is what to report
+            toggle(resource, device_id, Health.HEALTHY)
+        raise
+    try:
+        toggle(resource, device_id, Health.HEALTHY)
+    except Exception as exc:
+        broken("health-both-ways", f"clearing the fault of {device_id} raised {type(exc).__name__}: {exc}")
+
+
 def start_problem(direct: DirectBackend, resources: Sequence[Resource]) -> str | None:
     """Start (and stop again) each resource directly; the first start failure, with its exception."""
     if not direct.implements("devicehost_start"):
@@ -141,11 +206,81 @@ def _backend_trace(exc: BaseException) -> str:
     return "Traceback (the backend's frames):\n" + "".join(lines).rstrip()
 
 
+def _spec_problem(spec: object) -> str | None:
+    """Why a container runtime would skip a parsed CDI spec (it then defines nothing)."""
+    if not isinstance(spec, dict):
+        return "not a mapping"
+    if not isinstance(spec.get("cdiVersion"), str):
+        return "no cdiVersion"
+    kind = spec.get("kind")
+    problem = cdi.kind_problem(kind) if isinstance(kind, str) else "no kind"
+    if problem:
+        return problem
+    devices = spec.get("devices")
+    if not isinstance(devices, list) or not devices:
+        return "no devices"
+    for device in devices:
+        name = device.get("name") if isinstance(device, dict) else None
+        if not isinstance(name, str) or rules.cdi_name_problem(f"{kind}={name}"):
+            return f"device {name!r:.60} is not a valid CDI device name"
+    return None
+
+
+def _loaded_specs(
+    cdi_dir: Path,
+) -> tuple[dict[str, list[tuple[Path, dict[str, Any], dict[str, Any]]]], dict[Path, str]]:
+    """Every CDI device the specs in ``cdi_dir`` define (by qualified name, each definition with its
+    file, spec and device), and the spec files a runtime skips, with why."""
+    import yaml  # only the suite reads specs
+
+    defined: dict[str, list[tuple[Path, dict[str, Any], dict[str, Any]]]] = {}
+    skipped: dict[Path, str] = {}
+    for path in sorted(cdi_dir.glob("*")):
+        if path.suffix not in (".json", ".yaml") or not path.is_file():
+            continue
+        try:
+            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            skipped[path] = f"cannot be read: {' '.join(str(exc).split())[:120]}"
+            continue
+        problem = _spec_problem(spec)
+        if problem:
+            skipped[path] = problem
+            continue
+        for device in spec["devices"]:
+            defined.setdefault(f"{spec['kind']}={device['name']}", []).append((path, spec, device))
+    return defined, skipped
+
+
+def cdi_resolution(names: Sequence[str], cdi_dir: Path) -> tuple[dict[str, list[Any]], list[str]]:
+    """``names`` resolved as a container runtime with CDI resolves them now: the container edits
+    they give together (each kind of edit, sorted), and a problem for each name no valid spec
+    defines, or that two specs define (a runtime refuses such a name)."""
+    defined, skipped = _loaded_specs(cdi_dir)
+    edits: dict[str, list[Any]] = {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
+    problems = []
+    for name in names:
+        found = defined.get(name, [])
+        if len(found) != 1:
+            where = (
+                f"defined by {len(found)} specs ({', '.join(p.name for p, _, _ in found)})"
+                if found
+                else "defined by no spec"
+            )
+            why = "; ".join(f"{p.name} skipped: {w}" for p, w in skipped.items())
+            problems.append(f"{name!r}: {where} in the CDI dir{f' ({why})' if why and not found else ''}")
+            continue
+        _, spec, device = found[0]
+        for held in (spec.get("containerEdits") or {}, device.get("containerEdits") or {}):
+            for kind in edits:
+                edits[kind] += held.get(kind) or []
+    return {k: sorted(v, key=repr) for k, v in edits.items()}, problems
+
+
 def undefined_cdi_names(names: Sequence[str], cdi_dir: Path) -> list[str]:
-    """The CDI device names that do not resolve in ``cdi_dir`` as containerd 1.7 resolves them (a
-    pod handed one fails to start): no spec defines them, or only one the runtime refuses."""
-    defined = cdi_registry([cdi_dir])
-    return [name for name in names if name not in defined]
+    """What a runtime says of each CDI device name in ``names`` it cannot resolve from ``cdi_dir``
+    now (a pod handed one fails to start)."""
+    return cdi_resolution(names, cdi_dir)[1]
 
 
 class DirectBackend:

@@ -17,9 +17,18 @@ Options (each also an ini key, underscores instead of dashes):
 ``--devicehost-dra``
     also run the conformance suite's DRA rules (``dra-*``): the backend served through Dynamic
     Resource Allocation. Without it those checks are deselected (ini: ``devicehost_dra = true``).
+``--devicehost-driver-name [RESOURCE=]DRIVER``
+    the DRA driver name the operator will configure (the host's ``dra_drivers``): the DRA rules
+    run under it. A bare ``DRIVER`` names the driver of every resource; repeatable (ini:
+    ``devicehost_driver_name``, one a line).
+``--devicehost-config FILE``
+    the host config file the operator will deploy: the DRA rules run under its ``dra_drivers``
+    (``--devicehost-driver-name RESOURCE=DRIVER`` wins for that resource; ini: ``devicehost_config``,
+    relative to the rootdir).
 
 Fixtures: ``devicehost_backend_name``, ``devicehost_settings``, ``devicehost_reload_settings``,
-``devicehost_dra`` (whether ``--devicehost-dra`` was given),
+``devicehost_dra`` (whether ``--devicehost-dra`` was given), ``devicehost_driver_names``
+(``--devicehost-driver-name`` as resource -> driver, ``""`` for a bare one),
 ``devicehost_cdi_dir`` (a temporary CDI spec dir, :mod:`devicehost.cdi`'s default while the test
 runs), ``kubelet`` (a started :class:`KubeletStandIn`), ``start_host`` (a factory:
 ``await start_host(backends, **config)``) and ``host`` (the selected backend with its settings,
@@ -47,9 +56,13 @@ BACKEND_OPTION = "devicehost_backend"
 SETTINGS_OPTION = "devicehost_settings"
 RELOAD_SETTINGS_OPTION = "devicehost_reload_settings"
 DRA_OPTION = "devicehost_dra"
+DRIVER_OPTION = "devicehost_driver_name"
+HOST_CONFIG_OPTION = "devicehost_config"
 DRA_MARKER = "devicehost_dra"
 """Marks a check that runs only with ``--devicehost-dra``."""
 TEST_HOOK_TIMEOUT = 5.0
+DESELECTED = pytest.StashKey[list[str]]()
+"""The DRA checks deselected in this session (no ``--devicehost-dra``), by test name."""
 
 
 class StartHost(Protocol):
@@ -105,7 +118,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run the conformance suite's DRA rules (the backend served through DRA)",
     )
+    group.addoption(
+        "--devicehost-driver-name",
+        dest=DRIVER_OPTION,
+        action="append",
+        default=[],
+        metavar="[RESOURCE=]DRIVER",
+        help="the DRA driver name the operator configures (dra_drivers); the DRA rules run under it",
+    )
+    group.addoption(
+        "--devicehost-config",
+        dest=HOST_CONFIG_OPTION,
+        metavar="FILE",
+        help="the host config file the operator deploys: the DRA rules run under its dra_drivers",
+    )
     parser.addini(BACKEND_OPTION, "installed backend to test (as --devicehost-backend)")
+    parser.addini(HOST_CONFIG_OPTION, "the operator's host config file (as --devicehost-config)")
+    parser.addini(
+        DRIVER_OPTION, "DRA driver names, one a line (as --devicehost-driver-name)", type="linelist"
+    )
     parser.addini(SETTINGS_OPTION, "YAML settings file of that backend (as --devicehost-settings)")
     parser.addini(
         RELOAD_SETTINGS_OPTION, "YAML settings for the reload check (as --devicehost-reload-settings)"
@@ -132,6 +163,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item.get_closest_marker(DRA_MARKER) is None]
+        config.stash[DESELECTED] = [item.name for item in deselected if "conformance.py::" in item.nodeid]
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Name every conformance rule that did not run, and why: skipped by the suite, or not
+    selected (the DRA rules without ``--devicehost-dra``)."""
+    skipped = [
+        (r.nodeid.rpartition("::")[2].split("[")[0], _skip_reason(r))
+        for r in terminalreporter.stats.get("skipped", ())
+        if isinstance(r, pytest.TestReport) and "conformance.py::" in r.nodeid
+    ]
+    skipped += [(name, "not run: pass --devicehost-dra") for name in config.stash.get(DESELECTED, [])]
+    header = pytest_report_header(config)
+    if header and dra_selected(config):
+        terminalreporter.write_line(header.replace("DRA drivers", "DRA rules ran under the driver names"))
+    if not skipped:
+        return
+    from devicehost.testing.conformance_support import CHECKS
+
+    terminalreporter.write_sep("-", "devicehost conformance: rules not checked, and why")
+    for test, reason in skipped:
+        terminalreporter.write_line(f"[{CHECKS.get(test, '?')}] {test}: {reason}")
 
 
 def _option(config: pytest.Config, name: str) -> str | None:
@@ -194,6 +253,54 @@ def devicehost_reload_settings(
 def devicehost_dra(pytestconfig: pytest.Config) -> bool:
     """Whether the DRA checks were asked for: ``--devicehost-dra``."""
     return dra_selected(pytestconfig)
+
+
+def configured_drivers(config: pytest.Config) -> dict[str, str]:
+    """The ``dra_drivers`` of the host config file ``--devicehost-config`` names (none without)."""
+    given = config.getoption(HOST_CONFIG_OPTION)
+    path = Path(given) if given else None
+    if path is None and config.getini(HOST_CONFIG_OPTION):
+        path = config.rootpath / str(config.getini(HOST_CONFIG_OPTION))
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        host_config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        pytest.fail(f"cannot read the host config {path}: {exc}", pytrace=False)
+    drivers = host_config.get("dra_drivers", {}) if isinstance(host_config, dict) else None
+    if not isinstance(drivers, dict) or not all(isinstance(v, str) for v in drivers.values()):
+        pytest.fail(f"{path}: dra_drivers must map resource names to driver names", pytrace=False)
+    return {str(resource): driver for resource, driver in drivers.items()}
+
+
+def selected_driver_names(config: pytest.Config) -> dict[str, str]:
+    """``--devicehost-config``'s ``dra_drivers``, then ``--devicehost-driver-name`` (or the ini
+    keys), as resource -> driver; ``""``: every resource."""
+    given = config.getoption(DRIVER_OPTION) or config.getini(DRIVER_OPTION)
+    named = configured_drivers(config)
+    for word in given:
+        resource, _, driver = str(word).rpartition("=")
+        if not driver:
+            pytest.fail(
+                f"--devicehost-driver-name {word!r}: expected DRIVER or RESOURCE=DRIVER", pytrace=False
+            )
+        named[resource] = driver
+    return named
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    named = selected_driver_names(config)
+    if not named:
+        return None
+    return "devicehost DRA drivers: " + ", ".join(f"{r or '(every resource)'}={d}" for r, d in named.items())
+
+
+@pytest.fixture
+def devicehost_driver_names(pytestconfig: pytest.Config) -> dict[str, str]:
+    """The DRA driver names the operator configures: ``--devicehost-driver-name``."""
+    return selected_driver_names(pytestconfig)
 
 
 @pytest.fixture

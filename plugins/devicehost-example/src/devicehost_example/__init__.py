@@ -81,6 +81,7 @@ class ExampleBackend:
         self._resources: dict[str, int] = dict(DEFAULT_RESOURCES)
         self._numa_nodes = 1
         self._cdi_dir: Path | None = None  # None: the host's cdi_dir
+        self._host_cdi_dir: Path | None = None  # what the host told (devicehost_host_facts)
         self._use_cdi = False
         self._notifiers: dict[str, devicehost.ResourceNotifier] = {}
         self._specs: dict[str, tuple[Path, frozenset[str]]] = {}
@@ -108,6 +109,14 @@ class ExampleBackend:
             for resource in self._notifiers:
                 self._sync_spec(resource)
 
+    @devicehost.hookimpl
+    def devicehost_host_facts(self, facts: devicehost.HostFacts) -> None:
+        """The host's ``cdi_dir`` (told again when a reload changes it: specs follow now)."""
+        with self._lock:
+            self._host_cdi_dir = facts.cdi_dir
+            for resource in self._notifiers:
+                self._sync_spec(resource)
+
     def _sync_spec(self, resource: str) -> None:
         """Make ``resource``'s CDI spec on disk define exactly its widgets now (call holding the lock).
 
@@ -117,7 +126,7 @@ class ExampleBackend:
         count = self._resources.get(resource, 0)
         written = self._specs.pop(resource, None)
         if self._use_cdi and count:  # a CDI spec needs at least one device
-            path = cdi.write_spec(_cdi_spec(resource, count), self._cdi_dir)
+            path = cdi.write_spec(_cdi_spec(resource, count), self._cdi_dir or self._host_cdi_dir)
             self._specs[resource] = (path.parent, frozenset(_widget_ids(resource, count)))
             if written is not None and written[0] != path.parent:
                 cdi.remove_spec(resource, written[0])

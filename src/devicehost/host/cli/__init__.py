@@ -1,4 +1,5 @@
-"""The ``devicehost`` command: ``run`` the daemon, list ``backends``, check ``config``, ask ``status``.
+"""The ``devicehost`` command: ``run`` the daemon, list ``backends``, check ``config`` and claims
+(``check-claim``), ask ``status``.
 
 One module per command (``cmd_*.py``), each declaring its parser and its handler with
 ``set_handler``; :func:`main` only parses, builds the configuration and dispatches. Heavy imports
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 from devicehost.host.cli import (
     cmd_backends,
+    cmd_check_claim,
     cmd_config,
     cmd_new_backend,
     cmd_run,
@@ -35,6 +37,7 @@ COMMANDS: tuple[Callable[[Commands], None], ...] = (
     cmd_status.add_parser,
     cmd_new_backend.add_parser,
     cmd_webhook.add_parser,
+    cmd_check_claim.add_parser,
 )
 """Each command's parser, in the order ``--help`` lists them."""
 

@@ -114,11 +114,20 @@ def check_socket_dirs(config: HostConfig) -> None:
 
     :raises CommandFailed: with the reason, as a usage error.
     """
-    from devicehost.host.sockets import SocketDirError, check_socket_dir
+    from devicehost.host.dra.names import DRA_ROOM
+    from devicehost.host.sockets import SocketDirError, check_path_room, check_socket_dir
 
     try:
         check_socket_dir(config.device_plugins_dir, config.allow_symlinked_dirs)
         if config.registration_mode == "watcher":
-            check_socket_dir(config.plugins_registry_dir, config.allow_symlinked_dirs, "plugins_registry dir")
+            check_socket_dir(
+                config.plugins_registry_dir,
+                config.allow_symlinked_dirs,
+                "plugins_registry dir",
+                "plugins_registry_dir",
+            )
+        if config.node_name:  # DRA may serve: its sockets must fit below these dirs too
+            check_path_room(config.plugins_registry_dir, "plugins_registry_dir")
+            check_path_room(config.dra_plugins_dir, "dra_plugins_dir", DRA_ROOM)
     except SocketDirError as exc:
         raise CommandFailed(str(exc), EXIT_USAGE) from exc

@@ -10,11 +10,11 @@ request whose configuration the backend's model refuses fails the claim
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from devicehost.hookspecs.types import ClaimRequest, Device, Share
+from devicehost.hookspecs.types import ClaimRequest, Device, Health, Share
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
@@ -75,6 +75,61 @@ def by_request(found: Iterable[Found]) -> dict[tuple[str, str], list[Found]]:
     for device in found:
         groups.setdefault((device.attached.server.name, device.allocated.request), []).append(device)
     return groups
+
+
+class Request(NamedTuple):
+    """One allocate call of a claim: a resource, its devices of one request, and what the hook gets."""
+
+    resource: str
+    attached: Attached
+    found: Sequence[Found]
+    asked: ClaimRequest
+
+
+def requests_of(
+    claim: ClaimAllocation,
+    driver: str,
+    resources: Mapping[str, Attached],
+    device_plugin_holds: Callable[[str], frozenset[str]],
+    tainted: bool,
+) -> list[Request]:
+    """The allocate calls that prepare ``claim``'s devices of ``driver``: each device found and
+    checked (:func:`pick`), each request's configuration checked by the backend's model, before
+    anything is allocated.
+
+    :raises ClaimRefused: a device is not served, unhealthy or taken, or a configuration refused.
+    """
+    picked = pick(claim.devices_of(driver), resources, device_plugin_holds, tainted)
+    return [
+        Request(resource, resources[resource], found, claim_request(claim, driver, request, found))
+        for (resource, request), found in picked.items()
+    ]
+
+
+def pick(
+    allocated: Sequence[AllocatedDevice],
+    resources: Mapping[str, Attached],
+    device_plugin_holds: Callable[[str], frozenset[str]],
+    tainted: bool = False,
+) -> dict[tuple[str, str], list[Found]]:
+    """The allocated devices by (resource, request), each found and checked; an unhealthy one only
+    where it is ``tainted`` (published with a taint the claim must have tolerated)."""
+    picked: dict[tuple[str, str], list[Found]] = {}
+    for device, attached, found in located(allocated, resources):
+        if attached is None:
+            raise ClaimRefused(f"pool {device.pool!r} is not served by this host")
+        if found is None:
+            raise ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
+        if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
+            raise ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
+        resource = attached.server.name
+        if found.id in device_plugin_holds(resource):
+            raise ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
+        same = picked.setdefault((resource, device.request), [])
+        if any(p.allocated.device == device.device for p in same):
+            raise ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
+        same.append(Found(device, attached, found))
+    return picked
 
 
 def claim_request(claim: ClaimAllocation, driver: str, request: str, found: Sequence[Found]) -> ClaimRequest:

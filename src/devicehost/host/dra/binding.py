@@ -1,4 +1,4 @@
-"""Claims awaiting binding conditions on this driver's devices, followed until they hold.
+"""Claims awaiting binding conditions on this driver's devices, followed until they are True.
 
 With ``DRADeviceBindingConditions`` the scheduler allocates a device that has binding conditions,
 then waits (its binding timeout, 10 minutes by default) for each of them to be True in the claim's
@@ -6,7 +6,7 @@ then waits (its binding timeout, 10 minutes by default) for each of them to be T
 give the device up. :class:`BindingWatch` watches every ResourceClaim; for each claim allocated
 one of this driver's devices whose conditions are awaited it asks the backend
 (``devicehost_device_status``, ``prepared=False``) and writes the answer, again every
-:data:`POLL` seconds until they all hold, a failure condition does, or the claim is gone. A
+:data:`POLL` seconds until they are all True, a failure condition is, or the claim is gone. A
 watch that breaks is started again with backoff (:func:`.rewatch.rewatch`), said once per kind of problem until it works again.
 """
 

@@ -5,7 +5,7 @@ per resource and request for the claim's devices (with the request's name, its o
 configuration checked by the backend's model, and its admin access), writes what that gave as a
 CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
 before answering; asked again, it answers the same. Unprepare calls the release hook for the
-claim's devices that no other prepared claim holds (an admin-access claim may share a device
+claim's devices that no other prepared claim takes (an admin-access claim may share a device
 with a normal one), removes the spec and forgets the claim. While prepared, a device is
 advertised Unhealthy to the device plugin side, so a resource served through both APIs never
 hands one device out twice.
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from devicehost import cdi
-from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Health, Share
+from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Share
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names, steps
-from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, claim_request, located
+from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, Request, requests_of
 from devicehost.host.dra.checkpoint import Checkpoint, Phase, PreparedClaim, PreparedDevice, by_resource
-from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
+from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 from devicehost.host.dra.specs import ClaimSpecs
 
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-HOLD = "dra"
-"""The reason prepared devices are held on the device plugin side."""
+MASK_REASON = "dra"
+"""Why prepared claims' devices are masked on the device plugin side."""
 READS = 16
 """ResourceClaims read from the API server at once for one driver."""
 READ_TIMEOUT = 10.0
@@ -86,10 +86,10 @@ class ClaimSteps:
 
     async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
         namespace, uid, name = read.namespace, read.uid, read.name
-        picked = pick(read.devices_of(self.driver), self.resources, self._device_plugin_holds, self.tainted)
-        configs = {request: parameters(self.driver, read, request) for _, request in picked}
+        asked = requests_of(read, self.driver, self.resources, self._device_plugin_holds, self.tainted)
+        configs = {r.asked.name: parameters(self.driver, read, r.asked.name) for r in asked}
         planned = [
-            d for (r, q), c in picked.items() for d in prepared_devices(q, self.resources[r].pool, r, c, ())
+            d for r in asked for d in prepared_devices(r.asked.name, r.attached.pool, r.resource, r.found, ())
         ]
         self.checkpoint.add(
             PreparedClaim(uid, namespace, name, tuple(planned), Phase.PREPARING, None, configs)
@@ -97,13 +97,13 @@ class ClaimSteps:
         self.checkpoint.flush()
         steps.reached(steps.PREPARE_RECORDED)
         try:
-            claim = await self._allocate_and_write(read, picked, configs)
+            claim = await self._allocate_and_write(read, asked, configs)
         except ClaimRefused:
             self.checkpoint.remove(uid)
             raise
         self.checkpoint.add(claim)
-        for resource, held in claim.by_resource().items():
-            hold(self.resources[resource].server, held, True)
+        for resource, ids in claim.by_resource().items():
+            mask(self.resources[resource].server, ids, True)
         self.prepared += 1
         self.log.info(
             "claim prepared",
@@ -114,12 +114,12 @@ class ClaimSteps:
         return claim
 
     async def _allocate_and_write(
-        self, read: ClaimAllocation, picked: Mapping[tuple[str, str], list[Found]], configs: Mapping[str, Any]
+        self, read: ClaimAllocation, requests: Sequence[Request], configs: Mapping[str, Any]
     ) -> PreparedClaim:
         """The allocate hooks' answers as the claim's devices, and its CDI spec written."""
         named = (f"{read.namespace}/{read.name}", read.uid)
         kind = self.specs.kind(read.uid)
-        devices, spec_devices = await self._allocate(kind, read, picked)
+        devices, spec_devices = await self._allocate(kind, requests)
         steps.reached(steps.PREPARE_ALLOCATED)
         spec = cdi.Spec(kind=kind, devices=spec_devices) if spec_devices else None
         if spec is not None:
@@ -135,25 +135,24 @@ class ClaimSteps:
         )
 
     async def _allocate(
-        self, kind: str, allocation: ClaimAllocation, picked: Mapping[tuple[str, str], list[Found]]
+        self, kind: str, requests: Sequence[Request]
     ) -> tuple[list[PreparedDevice], list[cdi.Device]]:
         """One allocate call per resource and request; what is allocated is released again if a
         later call fails. Each request's first device carries the CDI IDs its containers get."""
         devices: list[PreparedDevice] = []
         spec_devices: list[cdi.Device] = []
-        claim = (f"{allocation.namespace}/{allocation.name}", allocation.uid)
-        for (resource, request), chosen in picked.items():
-            attached = self.resources[resource]
+        for resource, attached, chosen, asked in requests:
             ids = tuple(p.device.id for p in chosen)
             try:
-                asked = claim_request(allocation, self.driver, request, chosen)
                 given = await attached.server.backend.allocate(resource, ids, asked)
-            except (HookError, ClaimRefused) as exc:
-                await self._release(devices, "a later allocation of the claim failed", claim)
+            except HookError as exc:
+                await self._release(
+                    devices, "a later allocation of the claim failed", (asked.claim, asked.uid)
+                )
                 raise ClaimRefused(str(exc)) from None
-            spec_device, cdi_ids = cdi_answer(kind, request, resource, given)
+            spec_device, cdi_ids = cdi_answer(kind, asked.name, resource, given)
             spec_devices.extend([spec_device] if spec_device else [])
-            devices.extend(prepared_devices(request, attached.pool, resource, chosen, cdi_ids))
+            devices.extend(prepared_devices(asked.name, attached.pool, resource, chosen, cdi_ids))
         return devices, spec_devices
 
     async def _release(self, devices: Collection[PreparedDevice], why: str, claim: tuple[str, str]) -> None:
@@ -182,7 +181,7 @@ class ClaimSteps:
         for resource, ids in claim.by_resource().items():
             free = [i for i in ids if not self.checkpoint.holds((resource, i))]
             if resource in self.resources:
-                hold(self.resources[resource].server, free, False)
+                mask(self.resources[resource].server, free, False)
 
 
 class Claims(ClaimSteps):
@@ -408,31 +407,31 @@ def release_calls(
 async def owned(
     lock: asyncio.Lock, checkpoint: Checkpoint, resources: Mapping[str, Attached]
 ) -> AsyncIterator[None]:
-    """One kubelet call's hold of the checkpoint (``lock``: one call of this host at a time): as
+    """One kubelet call owning the checkpoint (``lock``: one call of this host at a time): as
     the file has it, written at the end (:meth:`Checkpoint.owned`). Another instance of the
     driver (a rolling update) may have prepared or unprepared claims meanwhile: the device plugin
-    side's holds follow."""
+    side's masks follow."""
     async with lock, checkpoint.owned():
-        for holding, changed in zip((True, False), checkpoint.moved, strict=True):
+        for masked, changed in zip((True, False), checkpoint.moved, strict=True):
             for resource, ids in by_resource_ids(changed).items():
                 if resource in resources:
-                    hold(resources[resource].server, ids, holding)
+                    mask(resources[resource].server, ids, masked)
         yield
 
 
-def by_resource_ids(held: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+def by_resource_ids(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     """(resource, device ID) pairs as device IDs by resource, sorted."""
     grouped: dict[str, list[str]] = {}
-    for resource, device_id in sorted(held):
+    for resource, device_id in sorted(pairs):
         grouped.setdefault(resource, []).append(device_id)
     return grouped
 
 
-def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
-    """Advertise ``ids`` Unhealthy on the device plugin side while claims hold them (or stop); a
+def mask(server: ResourceServer, ids: Collection[str], masked: bool) -> None:
+    """Advertise ``ids`` Unhealthy on the device plugin side while prepared claims take them (or stop); a
     resource served through DRA only has no such side, and its table is left as it is."""
     if server.device_plugin:
-        server.table.hold(ids, HOLD, holding)
+        server.table.hold(ids, MASK_REASON, masked)
 
 
 async def read_bounded(
@@ -469,32 +468,6 @@ def refusal(read: BaseException, claim: str) -> ClaimRefused:
     if isinstance(read, ClaimRefused):
         return read
     return ClaimRefused(f"reading ResourceClaim {claim}: {read!r}")
-
-
-def pick(
-    allocated: Sequence[AllocatedDevice],
-    resources: Mapping[str, Attached],
-    device_plugin_holds: Callable[[str], frozenset[str]],
-    tainted: bool = False,
-) -> dict[tuple[str, str], list[Found]]:
-    """The allocated devices by (resource, request), each found and checked; an unhealthy one only
-    where it is ``tainted`` (published with a taint the claim must have tolerated)."""
-    picked: dict[tuple[str, str], list[Found]] = {}
-    for device, attached, found in located(allocated, resources):
-        if attached is None:
-            raise ClaimRefused(f"pool {device.pool!r} is not served by this host")
-        if found is None:
-            raise ClaimRefused(f"device {device.device!r} is not in pool {device.pool!r}")
-        if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
-            raise ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
-        resource = attached.server.name
-        if found.id in device_plugin_holds(resource):
-            raise ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
-        same = picked.setdefault((resource, device.request), [])
-        if any(p.allocated.device == device.device for p in same):
-            raise ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")
-        same.append(Found(device, attached, found))
-    return picked
 
 
 def _say_annotations_dropped(allocation: ContainerAllocation) -> None:

@@ -50,17 +50,19 @@ class Cluster(Protocol):
         """Whether the API server keeps device taints on ResourceSlices (feature gate
         ``DRADeviceTaints``; without it the field is dropped): a dry-run create, nothing stored."""
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
-        """Create a ResourceSlice."""
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Create a ResourceSlice; the slice as stored (without the fields the API server drops)."""
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
-        """Replace a ResourceSlice (``body`` carries the resourceVersion it replaces)."""
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Replace a ResourceSlice (``body`` carries the resourceVersion it replaces); the slice
+        as stored."""
 
     async def delete_slice(self, name: str) -> None:
         """Delete a ResourceSlice; one that is gone already is no error."""
 
-    def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
-        """Names of this node's slices of ``driver`` as they are deleted (by anyone), for ever."""
+    def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+        """(``ADDED``, ``MODIFIED`` or ``DELETED``, the slice as JSON) for this node's slices of
+        ``driver``, those there now first, then as anyone changes them, for ever."""
 
     # -- claim status (binding conditions, device status) --
 

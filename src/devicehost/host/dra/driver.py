@@ -3,7 +3,9 @@
 The driver serves the kubelet's DRAPlugin service on ``<plugins dir>/<driver>/`` and, once that
 answers, a registration socket in ``plugins_registry`` (both names unique per host start, so a
 rolling update's two hosts never share one). The kubelet's plugin watcher finds the second,
-reads the first from it, and calls it to prepare and unprepare claims.
+reads the first from it, and calls it to prepare and unprepare claims. The driver's slices are
+published only once the kubelet has said it registered the driver (``NotifyRegistrationStatus``):
+the scheduler never places a claim the kubelet cannot prepare yet.
 
 During a rolling update two instances serve the driver on one node: the kubelet calls the newer
 for new claims and may still call the older until it goes. Either serves any claim (the claims
@@ -31,7 +33,7 @@ from devicehost.host.dra import names
 from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
-from devicehost.host.dra.claims import Claims, hold
+from devicehost.host.dra.claims import Claims, mask
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.restore import open_claims, restore_resource
@@ -121,8 +123,8 @@ class DraDriver:
     def __init__(self, name: str, setup: DraSetup) -> None:
         self.name = name
         self._setup = setup
-        self.directory = setup.plugins_dir / name
-        self.publisher = Publisher(setup.cluster, setup.node, name)
+        self.directory = names.driver_dir(setup.plugins_dir, name)
+        self.publisher = Publisher(setup.cluster, setup.node, name, superseded=self._superseded)
         self.resources: dict[str, Attached] = {}
         self.claims = Claims(
             name,
@@ -136,7 +138,7 @@ class DraDriver:
         self.changes = Changes()
         """Bumped whenever a resource's devices change (the kubelet's health stream follows it)."""
         self.log = log.bind(driver=name)
-        self._dra_socket = ServedSocket("dra", self.directory, setup.token, setup.socket_mode)
+        self._dra_socket = ServedSocket(names.DRA_SOCKET, self.directory, setup.token, setup.socket_mode)
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
@@ -210,8 +212,8 @@ class DraDriver:
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
-        held = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
-        hold(server, held, True)  # prepared before a restart too
+        taken = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
+        mask(server, taken, True)  # prepared before a restart too
         await restore_resource(self.claims, server.name)
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
@@ -254,11 +256,15 @@ class DraDriver:
             raise OSError(f"cannot serve {socket.path}: {exc}") from None
         await server.start()
 
+    def _superseded(self) -> bool:
+        """Whether a newer instance of the driver serves here (a rolling update's new host)."""
+        return bool(other_instances(self._registration_socket.path, newer=True))
+
     def _on_status(self, registered: bool, error: str) -> None:
         self.registered = registered
         if registered:
             self.log.info("registered with the kubelet")
-            self.publisher.poke()  # a starting kubelet deletes the node's slices: publish again
+            self.publisher.open()  # publish now (again: a starting kubelet deletes the node's slices)
         else:
             self.log.error("the kubelet refused the driver", error=error)
 
@@ -275,16 +281,28 @@ def registration_server(
     return server
 
 
-def other_instances(registration: Path) -> list[str]:
+def other_instances(registration: Path, newer: bool = False) -> list[str]:
     """The registration sockets beside ours (``registration``) of the same driver on which a process
-    listens: other instances of it on this node, a rolling update's overlap."""
+    listens: other instances of it on this node, a rolling update's overlap; with ``newer``, only
+    those created after ours."""
     ours = parse_socket_name(registration.name)
+    since = _created(registration) if newer else None
     found = []
     for path in sorted(registration.parent.glob("devicehost-*.sock")):
         theirs = parse_socket_name(path.name)
-        if ours and theirs and path != registration and theirs[0] == ours[0] and is_listening(path):
+        if not (ours and theirs and path != registration and theirs[0] == ours[0]):
+            continue
+        if (since is None or _created(path) > since) and is_listening(path):
             found.append(path.name)
     return found
+
+
+def _created(path: Path) -> float:
+    """When the file at ``path`` was made (its ctime; 0 when it is gone)."""
+    try:
+        return path.lstat().st_ctime
+    except FileNotFoundError:
+        return 0.0
 
 
 async def taint_effect(setup: DraSetup, driver: str, log: structlog.typing.FilteringBoundLogger) -> bool:

@@ -103,11 +103,16 @@ class DraDrivers:
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
         claims = driver.claims
-        restored = sum(uid in claims.checkpoint.claims for uid in claims.restored)
-        not_restored = tuple(f"{uid}: {why}" for uid, why in claims.not_restored.items())
-        aside = tuple(claims.checkpoint.set_aside)
         dra = DraState(
-            driver.name, only, driver.registered, slice_name, prepared, restored, not_restored, aside
+            driver.name,
+            only,
+            driver.registered,
+            slice_name,
+            prepared,
+            slices_restored=driver.publisher.written.restored[state.name],
+            restored_claims=sum(uid in claims.checkpoint.claims for uid in claims.restored),
+            not_restored=tuple(f"{uid}: {why}" for uid, why in claims.not_restored.items()),
+            checkpoint_set_aside=tuple(claims.checkpoint.set_aside),
         )
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
 

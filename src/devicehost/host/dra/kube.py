@@ -74,13 +74,15 @@ class KubeCluster:
         devices = created.to_dict().get("spec", {}).get("devices") or [{}]
         return bool(devices[0].get("taints"))
 
-    async def create_slice(self, body: Mapping[str, Any]) -> None:
+    async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _errors(f"creating ResourceSlice {body['metadata']['name']}"):
-            await self._api().create(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+            created = await self._api().create(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+        return dict(created.to_dict())
 
-    async def replace_slice(self, body: Mapping[str, Any]) -> None:
+    async def replace_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _errors(f"replacing ResourceSlice {body['metadata']['name']}"):
-            await self._api().replace(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+            replaced = await self._api().replace(cast(ResourceSlice, ResourceSlice.from_dict(dict(body))))
+        return dict(replaced.to_dict())
 
     async def delete_slice(self, name: str) -> None:
         try:
@@ -89,11 +91,10 @@ class KubeCluster:
         except NotFound:
             pass
 
-    async def slice_deletions(self, node: str, driver: str) -> AsyncIterator[str]:
+    async def slice_events(self, node: str, driver: str) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
         with _errors("watching ResourceSlices"):
             async for kind, item in self._api().watch(ResourceSlice, fields=_mine(node, driver)):
-                if kind == "DELETED" and item.metadata and item.metadata.name:
-                    yield item.metadata.name
+                yield kind, item.to_dict()
 
     async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]

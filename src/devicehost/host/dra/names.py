@@ -4,24 +4,60 @@ DRA names are stricter than device plugin ones: a driver is a DNS subdomain of a
 characters, a device a DNS label. A device ID that is not one is mapped to one that is, with
 a short hash of the ID so two IDs never share a name; the original ID is published as the
 ``id`` attribute.
+
+A driver's DRAPlugin socket is ``<plugins dir>/<driver>/devicehost-dra-<token>.sock``; where a
+long driver name under a deep plugins dir would pass the unix socket limit, the dir is the
+driver's name cut, with a hash of the whole (:func:`driver_dir`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from devicehost.host.sockets import (
+    HASH_LENGTH,
+    MAX_UNIX_PATH,
+    PREFIX,
+    SUFFIX,
+    TOKEN_LENGTH,
+    SocketDirError,
+    fitted,
+)
 
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 MAX_LABEL = 63
 MAX_SUBDOMAIN = 253
+DRA_SOCKET = "dra"
+"""The resource part of a driver's DRAPlugin socket name: ``devicehost-dra-<token>.sock``."""
+DRA_SOCKET_NAME = len(f"{PREFIX}{DRA_SOCKET}-{'0' * TOKEN_LENGTH}{SUFFIX}")
+DRA_ROOM = HASH_LENGTH + 2 + 1 + DRA_SOCKET_NAME
+"""Bytes a DRAPlugin socket's path needs below the plugins dir: the shortest driver dir (one
+character and the hash), a ``/`` and the socket's name."""
 
 
 def driver_name(resource: str, configured: Mapping[str, str]) -> str:
     """The configured driver of ``resource``, else its domain (``example.com/widget`` -> ``example.com``)."""
     return configured.get(resource) or resource.partition("/")[0]
+
+
+def driver_dir(plugins_dir: Path, driver: str) -> Path:
+    """Where ``driver``'s DRAPlugin socket and claims checkpoint go: ``<plugins dir>/<driver>``,
+    or the driver's name cut with a hash of it where the socket's path would pass the limit (the
+    same dir for every host start).
+
+    :raises SocketDirError: ``plugins_dir`` leaves no room even for the shortest dir.
+    """
+    room = MAX_UNIX_PATH - len(os.fsencode(plugins_dir)) - 2 - DRA_SOCKET_NAME
+    name = fitted(driver, room)
+    if name is None:
+        raise SocketDirError(f"dra_plugins_dir {plugins_dir} is too long a path for unix sockets")
+    return plugins_dir / name
 
 
 def pool_name(node: str, resource: str) -> str:

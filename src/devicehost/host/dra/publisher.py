@@ -2,11 +2,23 @@
 
 The wanted slices change with discovery, health and the resources attached; the published ones
 change under us too: the kubelet deletes every slice of its node when it starts, and a driver's
-slices when its plugin is gone for a while. So the publisher compares the two on every change
-(ours, a deletion seen by its watch, the kubelet registering the driver again) and writes only
-the difference. A failing API server is retried with backoff, logged once per problem. Nothing
-is compared before the first pool is wanted: a host starting beside another instance of the
-driver (a rolling update) would otherwise delete the slices that one publishes, and leave a gap.
+slices when its plugin is gone for a while, and an operator or a controller may delete or edit
+one. So the publisher compares the two on every change (ours, a deletion or an edit of a slice
+it wrote seen by its watch, the kubelet registering the driver again) and writes only the
+difference: a slice deleted or changed by anything else is written back within ``min_interval``
+(:data:`MIN_INTERVAL`) of the change, said once per slice in the log and counted per pool
+(:attr:`Written.restored`). During a rolling update the older instance leaves an edit of a
+slice to the newer one (``superseded``), so two versions that publish a pool differently do not
+rewrite each other's slices for as long as both run. A failing API server is retried with
+backoff, logged once per problem.
+
+Nothing is compared before the first pool is wanted and the publisher is opened
+(:meth:`Publisher.open`: the kubelet registered the driver): a host starting beside another
+instance of the driver (a rolling update) would otherwise delete the slices that one publishes,
+and leave a gap, and the scheduler would place claims the kubelet cannot prepare yet (it fails
+such a pod with "DRA driver ... is not registered" and did not try it again). Until then the
+slices published are left as they are: those of another instance, or of this host before a
+restart, are still right.
 
 The host wants pools: a resource's devices are one pool over as many slices as they need. Every
 slice of a pool carries the pool's ``resourceSliceCount`` and ``generation``; the scheduler
@@ -38,6 +50,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -65,33 +78,34 @@ Write = tuple[str, dict[str, Any], Mapping[str, Any] | None]
 class Publisher:
     """Publishes the wanted pools of one driver on one node."""
 
-    def __init__(self, cluster: Cluster, node: str, driver: str, min_interval: float = MIN_INTERVAL) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        node: str,
+        driver: str,
+        min_interval: float = MIN_INTERVAL,
+        superseded: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._cluster = cluster
         self._node = node
         self._driver = driver
         self._pools: dict[str, list[WantedSlice]] = {}
         """The wanted slices of each pool, first to last, by the key the caller gave."""
-        self._generations: dict[str, int] = {}
-        """The last generation written per pool name: one deleted by someone else comes back newer."""
+        self.written = Written(superseded)
         self._owner: tuple[str, str] | None = None
         self._dirty = asyncio.Event()
         self._wanted = asyncio.Event()  # set by the first pool wanted
+        self._open = asyncio.Event()  # set once the kubelet registered the driver
         self._synced = asyncio.Event()
         self._backoff = Backoff(0.2, 30.0)
         self._pace = Pace(min_interval)
-        self.writes = 0
-        """Slices created, replaced or deleted so far."""
         self.log = structlog.get_logger(__name__).bind(driver=driver)
 
     def want_pool(self, key: str, slices: Sequence[WantedSlice]) -> None:
-        """Publish ``slices`` (at least one, all of one pool, first to last) as the pool ``key``.
-
-        A slice name another pool of this publisher has is refused (said, and nothing changes).
-        """
+        """Publish ``slices`` (at least one, all of one pool, first to last) as the pool ``key``; a
+        slice name another pool of this publisher has is refused (said, and nothing changes)."""
         wanted = [(name, spec) for name, spec in slices]
-        taken = {name for other, them in self._pools.items() if other != key for name, _ in them}
-        clash = sorted(taken.intersection(name for name, _ in wanted))
-        if clash:
+        if clash := taken_names(self._pools, key, wanted):
             self.log.error("ResourceSlice names taken by another pool, not published", pool=key, slices=clash)
             return
         if self._pools.get(key) != wanted:
@@ -104,13 +118,10 @@ class Publisher:
         if self._pools.pop(key, None) is not None:
             self.poke()
 
-    def want(self, name: str, spec: dict[str, Any]) -> None:
-        """Publish ``spec`` as the slice ``name``, a pool of one slice (keyed by ``name``)."""
-        self.want_pool(name, [(name, spec)])
-
-    def drop(self, name: str) -> None:
-        """Stop publishing the one-slice pool :meth:`want` published as ``name``."""
-        self.drop_pool(name)
+    def open(self) -> None:
+        """Publish from now on (the kubelet registered the driver: it prepares what is placed)."""
+        self._open.set()
+        self.poke()
 
     def poke(self) -> None:
         """Compare wanted and published soon (a change, a deletion, a kubelet registration)."""
@@ -122,9 +133,11 @@ class Publisher:
         await self._synced.wait()
 
     async def run(self) -> None:
-        """Keep the slices in step from the first pool wanted until cancelled; a watch pokes on every deletion."""
-        await self._wanted.wait()
-        watching = watch_deletions(self._cluster, self._node, self._driver, self._pools, self.poke, self.log)
+        """Keep the slices in step from the first pool wanted once open, until cancelled; a watch
+        pokes on every deletion or edit by someone else."""
+        await asyncio.gather(self._wanted.wait(), self._open.wait())
+        theirs = functools.partial(self.written.theirs, pools=self._pools)
+        watching = watch_slices(self._cluster, self._node, self._driver, theirs, self.poke, self.log)
         watch = asyncio.create_task(watching, name=f"slice watch {self._driver}")
         try:
             while True:
@@ -178,12 +191,13 @@ class Publisher:
                 continue
             await self._delete(name, pool)  # not wanted, or in another pool (a pool name is immutable)
             del published[name]
-        for slices in pools:
+        for key, slices in list(self._pools.items()):
             pool = slices[0][1]["pool"]["name"]
-            generation = max(self._generations.get(pool, 0), seen.get(pool, 0))
+            generation = max(self.written.generations.get(pool, 0), seen.get(pool, 0))
             writes = pool_writes(slices, published, generation)
             if writes and not (coalesce and self._pace.held(pool, waits, started)):
                 for name, spec, current in writes:
+                    self.written.restoring(key, name, current, self.log)
                     await self._write(name, spec, current)
         return min(waits.values(), default=None)
 
@@ -192,12 +206,11 @@ class Publisher:
         pool = spec["pool"]
         self._pace.wrote(pool["name"])  # tried: a refused write is load too
         if current is None:
-            await self._cluster.create_slice(slice_body(name, self._owner, spec))
+            stored = await self._cluster.create_slice(slice_body(name, self._owner, spec))
         else:
             version = str(current.get("metadata", {}).get("resourceVersion", ""))
-            await self._cluster.replace_slice(slice_body(name, self._owner, spec, version))
-        self._generations[pool["name"]] = max(self._generations.get(pool["name"], 0), pool["generation"])
-        self.writes += 1
+            stored = await self._cluster.replace_slice(slice_body(name, self._owner, spec, version))
+        self.written.wrote(name, spec, stored)
         self.log.info(
             "ResourceSlice published" if current is None else "ResourceSlice updated",
             slice=name,
@@ -209,8 +222,66 @@ class Publisher:
     async def _delete(self, name: str, pool: str) -> None:
         self._pace.wrote(pool)
         await self._cluster.delete_slice(name)
-        self.writes += 1
+        self.written.deleted(name)
         self.log.info("ResourceSlice deleted", slice=name)
+
+
+class Written:
+    """What a publisher wrote: each slice's spec (a slice that differs was changed by someone
+    else), each pool's newest generation (one deleted by someone else comes back newer), and
+    the slices written back after someone else's deletion or edit.
+
+    ``superseded()``: whether a newer instance of the driver serves this node (then an edit by
+    someone else is that one's to write back, not ours)."""
+
+    def __init__(self, superseded: Callable[[], bool]) -> None:
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.generations: dict[str, int] = {}
+        self.restored: Counter[str] = Counter()
+        """Slices written back after someone else deleted or changed them, by pool key."""
+        self.writes = 0
+        """Slices created, replaced or deleted so far."""
+        self._superseded = superseded
+
+    def wrote(self, name: str, spec: dict[str, Any], stored: Mapping[str, Any]) -> None:
+        """``spec`` was written as the slice ``name``; the API server ``stored`` it (what it
+        stores is what its watch shows, without the fields it drops)."""
+        pool = spec["pool"]
+        self.generations[pool["name"]] = max(self.generations.get(pool["name"], 0), pool["generation"])
+        self.specs[name] = dict(stored.get("spec") or spec)
+        self.writes += 1
+
+    def deleted(self, name: str) -> None:
+        self.specs.pop(name, None)
+        self.writes += 1
+
+    def theirs(self, kind: str, body: Mapping[str, Any], pools: Mapping[str, Sequence[WantedSlice]]) -> bool:
+        """Whether a watch event is someone else's deletion or edit of a slice ``pools`` want
+        (an edit not while a newer instance serves)."""
+        name = str(body.get("metadata", {}).get("name", ""))
+        if not any(name == wanted for pool in pools.values() for wanted, _ in pool):
+            return False
+        if kind == "DELETED":
+            return True
+        return body.get("spec") != self.specs.get(name) and not self._superseded()
+
+    def restoring(
+        self,
+        key: str,
+        name: str,
+        current: Mapping[str, Any] | None,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        """Count and say a write of ``name`` (of the pool ``key``) that undoes someone else's
+        deletion or edit of it (``current``: the slice as published, None: gone)."""
+        ours = self.specs.get(name)
+        if ours is None or (current is not None and current.get("spec") == ours):
+            return
+        self.restored[key] += 1
+        if current is None:
+            log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
+        else:
+            log.warning("ResourceSlice changed by someone else, writing it back", slice=name)
 
 
 class Pace:
@@ -233,6 +304,14 @@ class Pace:
         if wait > 0:
             waits[pool] = wait
         return pool in waits
+
+
+def taken_names(
+    pools: Mapping[str, Sequence[WantedSlice]], key: str, wanted: Sequence[WantedSlice]
+) -> list[str]:
+    """The names of ``wanted`` (the pool ``key``) that another of ``pools`` has already, sorted."""
+    taken = {name for other, them in pools.items() if other != key for name, _ in them}
+    return sorted(taken.intersection(name for name, _ in wanted))
 
 
 def pool_writes(
@@ -260,25 +339,24 @@ def pool_writes(
     ]
 
 
-async def watch_deletions(
+async def watch_slices(
     cluster: Cluster,
     node: str,
     driver: str,
-    pools: Mapping[str, Sequence[WantedSlice]],
+    theirs: Callable[[str, Mapping[str, Any]], bool],
     poke: Callable[[], None],
     log: structlog.typing.FilteringBoundLogger,
 ) -> None:
-    """Poke the publisher when a slice of ``driver`` on ``node`` that ``pools`` (the publisher's,
-    as they change) want is deleted by anyone, and after every (re)start of the watch, which may
-    have missed deletions; for ever (:func:`.rewatch.rewatch`)."""
+    """Poke the publisher on each event of a slice of ``driver`` on ``node`` that ``theirs`` says
+    is someone else's change, and after every (re)start of the watch, which may have missed
+    some; for ever (:func:`.rewatch.rewatch`)."""
 
-    def seen(name: str) -> None:
-        if any(name == wanted for pool in pools.values() for wanted, _ in pool):
-            log.info("ResourceSlice deleted by someone else, publishing it again", slice=name)
+    def seen(event: tuple[str, Mapping[str, Any]]) -> None:
+        if theirs(*event):
             poke()
 
-    deletions = functools.partial(cluster.slice_deletions, node, driver)
-    await rewatch(deletions, seen, "ResourceSlices", Backoff(0.5, 30.0), log, restarted=poke)
+    events = functools.partial(cluster.slice_events, node, driver)
+    await rewatch(events, seen, "ResourceSlices", Backoff(0.5, 30.0), log, restarted=poke)
 
 
 def failed(exc: Exception, backoff: Backoff, log: structlog.typing.FilteringBoundLogger) -> float:

@@ -118,6 +118,13 @@ _RESOURCE_FAMILIES: tuple[_Family[ResourceState], ...] = (
         (),
         lambda r: [((), r.releases)],
     ),
+    _Family(
+        CounterMetricFamily,
+        "devicehost_dra_slices_restored",
+        "ResourceSlices of the resource's pool written back after something else deleted or changed them",
+        (),
+        lambda r: [((), r.dra.slices_restored)] if r.dra is not None else [],
+    ),
 )
 
 _BACKEND_FAMILIES: tuple[_Family[BackendState], ...] = (

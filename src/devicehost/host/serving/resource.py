@@ -64,14 +64,15 @@ class ResourceServer:
         self.backend = backend
         self.device_plugin = device_plugin  # False: served through DRA only
         self.name = resource.name
-        self._context = serving.context
+        self.context = serving.context
+        """Where it reads its settings when it uses them (socket mode, policy, health interval)."""
         self.table = DeviceTable(resource.devices, resource.counter_sets)
         self.unhealthy_taint = resource.unhealthy_taint
         """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
         self.socket = ServedSocket(
-            self.name, serving.registration.directory, serving.token, self._context.config.socket_mode
+            self.name, serving.registration.directory, serving.token, self.context.config.socket_mode
         )
         self.streams = StreamSet(self.table, lambda epoch: self.registrar.stream_lost(epoch))
         self.servicer = DevicePluginServicer(
@@ -80,7 +81,7 @@ class ResourceServer:
             self.table,
             self.streams,
             serving.observe_allocation(self.name),
-            self._context.config.preferred_allocation.get(self.name, "none"),
+            self.context.config.preferred_allocation.get(self.name, "none"),
         )
         self.registrar: Registrar = serving.registration.registrar(self)
         self._request_rediscovery = serving.request_rediscovery
@@ -93,10 +94,6 @@ class ResourceServer:
         self._server: grpc.aio.Server | None = None
         self._health_task: asyncio.Task[None] | None = None
         self.superseded_by = ""  # another host's newer registration of it (``host/peers.py``)
-
-    @property
-    def health_interval(self) -> float:  # seconds between two health polls: the host's live setting
-        return self._context.config.health_interval
 
     @property
     def options(self) -> api_pb2.DevicePluginOptions:
@@ -204,9 +201,10 @@ class ResourceServer:
 
 
 async def _poll_health(server: ResourceServer) -> None:
-    """Ask the backend's health hook every ``health_interval`` and apply what it answers."""
+    """Ask the backend's health hook every ``health_interval`` (a reload's new one counts at once)
+    and apply what it answers."""
     while True:
-        await asyncio.sleep(server.health_interval)
+        await server.context.sleep(lambda config: config.health_interval)
         try:
             health = await server.backend.health(server.name, server.table.devices)
         except HookError as exc:
