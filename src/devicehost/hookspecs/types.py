@@ -141,6 +141,8 @@ class Device:
         attached, say). Needs ``binding_failure_conditions`` too.
     :param binding_failure_conditions: DRA only: condition types (at most 4, none of the binding
         conditions) that, once True, make the scheduler give the device up and place the pod anew.
+    :param health_message: DRA only: why the device has its health, for people: the kubelet's
+        DRA health stream carries it to the pod's ``allocatedResourcesStatus``.
     """
 
     id: str
@@ -155,6 +157,7 @@ class Device:
     binding_conditions: tuple[str, ...] = field(default=(), kw_only=True)
     binding_failure_conditions: tuple[str, ...] = field(default=(), kw_only=True)
     # -- end binding conditions --
+    health_message: str = field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse a health that is not a :class:`Health`, quoting it.

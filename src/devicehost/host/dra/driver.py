@@ -32,21 +32,14 @@ from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Attached, Claims, hold
 from devicehost.host.dra.cluster import Cluster, ClusterError
+from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthLists, add_health_services
 from devicehost.host.dra.publisher import Publisher
-from devicehost.host.dra.servicer import (
-    HEALTH_SERVICE,
-    SERVICE,
-    ClaimRef,
-    DeviceHealth,
-    DraHealthServicer,
-    DraPluginServicer,
-)
+from devicehost.host.dra.servicer import SERVICE, ClaimRef, DraPluginServicer
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.host.sockets import is_listening, parse_socket_name
 from devicehost.proto.dra.v1 import api_pb2_grpc
-from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from devicehost.resourceapi import UNHEALTHY_TAINT
 
@@ -157,9 +150,7 @@ class DraDriver:
         api_pb2_grpc.add_DRAPluginServicer_to_server(
             DraPluginServicer(self._prepare, self.claims.unprepare), dra
         )
-        health_grpc.add_DRAResourceHealthServicer_to_server(
-            DraHealthServicer(self.health, self.changes.wait), dra
-        )
+        add_health_services(dra, HealthLists(self.health, self.changes.wait))
         await self._start_server(dra, self._dra_socket)
         registration = registration_server(self.name, lambda: str(self._dra_socket.path), self._on_status)
         await self._start_server(registration, self._registration_socket)
@@ -222,7 +213,7 @@ class DraDriver:
     def health(self) -> list[DeviceHealth]:
         """Every device of the driver's resources with its own health (the kubelet's health stream)."""
         return [
-            (attached.pool, names.device_name(d.id), d.health is Health.HEALTHY)
+            (attached.pool, names.device_name(d.id), d.health is Health.HEALTHY, d.health_message)
             for attached in self.resources.values()
             for d in attached.server.table.devices
         ]
@@ -250,7 +241,7 @@ def registration_server(
     """The plugin watcher's Registration service for ``driver``, whose DRAPlugin is at ``endpoint()``."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     servicer = PluginRegistrationServicer(
-        driver, endpoint, on_status, plugin_type=PLUGIN_TYPE, versions=(SERVICE, HEALTH_SERVICE)
+        driver, endpoint, on_status, plugin_type=PLUGIN_TYPE, versions=(SERVICE, *HEALTH_SERVICES)
     )
     registration_grpc.add_RegistrationServicer_to_server(servicer, server)
     return server

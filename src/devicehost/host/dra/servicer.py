@@ -1,19 +1,14 @@
-"""The kubelet's DRAPlugin and DRAResourceHealth services, thin layers over the driver."""
+"""The kubelet's DRAPlugin service, a thin layer over the driver (health: :mod:`.health`)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
 from devicehost.host.dra.checkpoint import PreparedClaim
 from devicehost.proto.dra.v1 import api_pb2, api_pb2_grpc
-from devicehost.proto.drahealth.v1alpha1 import api_pb2 as health_pb2
-from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 
 SERVICE = "v1.DRAPlugin"
 """What a driver lists among its supported versions to offer this service (kubelet 1.34+)."""
@@ -46,6 +41,7 @@ class DraPluginServicer(api_pb2_grpc.DRAPluginServicer):
                     pool_name=d.pool,
                     device_name=d.device,
                     cdi_device_ids=d.cdi_ids,
+                    share_id=d.share or None,
                 )
                 for d in answer.devices
             )
@@ -59,50 +55,3 @@ class DraPluginServicer(api_pb2_grpc.DRAPluginServicer):
         for uid, error in errors.items():
             response.claims[uid].error = error
         return response
-
-
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
-"""What a driver lists to offer device health (kubelet feature gate ResourceHealthStatus)."""
-
-DeviceHealth = tuple[str, str, bool]
-"""(pool, device name, healthy)."""
-
-
-HEALTH_REFRESH = 10.0
-"""Seconds between health lists sent without a change: the kubelet reads a device's health as
-Unknown once it is 30 s old (its default health timeout)."""
-
-
-class DraHealthServicer(health_grpc.DRAResourceHealthServicer):
-    """Streams every device's health to the kubelet: the whole list now, after each change, and
-    every ``refresh`` seconds anyway."""
-
-    def __init__(
-        self,
-        devices: Callable[[], list[DeviceHealth]],
-        changed: Callable[[int], Awaitable[int]],
-        refresh: float = HEALTH_REFRESH,
-    ) -> None:
-        self._devices = devices
-        self._changed = changed
-        self._refresh = refresh
-
-    async def NodeWatchResources(
-        self, request: health_pb2.NodeWatchResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[health_pb2.NodeWatchResourcesResponse]:
-        seen = -1
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(None if seen == -1 else self._refresh):
-                    seen = await self._changed(seen)
-            now = int(time.time())
-            yield health_pb2.NodeWatchResourcesResponse(
-                devices=[
-                    health_pb2.DeviceHealth(
-                        device=health_pb2.DeviceIdentifier(pool_name=pool, device_name=name),
-                        health=health_pb2.HEALTHY if healthy else health_pb2.UNHEALTHY,
-                        last_updated_time=now,
-                    )
-                    for pool, name, healthy in self._devices()
-                ]
-            )
