@@ -24,6 +24,18 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class ClusterApi:
+    """What the API server serves of DRA, as probed once at start."""
+
+    versions: tuple[str, ...]
+    """The ``resource.k8s.io`` versions served, newest first."""
+    features: Mapping[str, bool]
+    """Each DRA feature the host looks for: whether the cluster has it."""
+    taint_rules: str
+    """The served version that has DeviceTaintRule ("": none)."""
+
+
+@dataclass(frozen=True)
 class DraState:
     """A resource served through DRA: its driver, and what the kubelet and claims made of it."""
 
@@ -36,6 +48,8 @@ class DraState:
     """The ResourceSlice its devices are published in."""
     prepared_claims: int
     """Claims prepared with its devices, now."""
+    cluster: ClusterApi | None = None
+    """What the API server serves of DRA (None: not probed yet, or the probe failed)."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from devicehost.hookspecs.types import Api, Resource
 from devicehost.host.config import HostConfig
 from devicehost.host.dra import names
-from devicehost.host.state import DraState, ResourceState
+from devicehost.host.state import ClusterApi, DraState, ResourceState
 
 if TYPE_CHECKING:
     from devicehost.host.dra.cluster import Cluster
@@ -48,6 +48,8 @@ class DraDrivers:
         self.drivers: dict[str, DraDriver] = {}
         self._by_resource: dict[str, tuple[DraDriver, Api]] = {}
         self._starting = asyncio.Lock()
+        self._served: asyncio.Task[ClusterApi | None] | None = None
+        """The API server's DRA surface, probed once as the first driver starts."""
 
     def api(self, backend: str, resource: Resource) -> Api:
         """The operator's ``serve_through`` of the resource, else of its backend, else what the
@@ -78,6 +80,8 @@ class DraDrivers:
                     server.log.error("not served through DRA", driver=name, error=str(exc))
                     return
                 self.drivers[name] = driver
+                if self._served is None:
+                    self._served = asyncio.create_task(self._probe(name), name="probe the API server")
         driver.attach(server)
         self._by_resource[server.name] = (driver, api)
 
@@ -96,11 +100,21 @@ class DraDrivers:
         only = api == "dra"
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
-        dra = DraState(driver.name, only, driver.registered, slice_name, prepared)
+        served = self._served.result() if self._served is not None and self._served.done() else None
+        dra = DraState(driver.name, only, driver.registered, slice_name, prepared, served)
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
+
+    async def _probe(self, driver: str) -> ClusterApi | None:
+        from devicehost.host.dra.features import probe
+
+        assert self._cluster is not None  # made by the first driver's setup
+        return await probe(self._cluster, self._config.node_name, driver)
 
     async def close(self) -> None:
         """Stop every driver (their slices deleted) and let go of the API server."""
+        if self._served is not None:
+            self._served.cancel()
+            await asyncio.gather(self._served, return_exceptions=True)
         for driver in list(self.drivers.values()):
             try:
                 await driver.stop()
