@@ -18,6 +18,7 @@ import pytest
 import structlog
 
 from devicehost import Health
+from devicehost.host.ops.metrics import HostMetrics
 from devicehost.standin import EventKind, KubeletStandIn
 from devicehost.standin.versions import VERSIONS, parse
 from devicehost.testing.cluster import ClusterStandIn
@@ -138,8 +139,23 @@ async def test_a_claim_and_its_device_health_at_each_version(base: Path, version
                 )
             await kubelet.dra.unprepare(DRIVER, [claim])
             await kubelet.wait_for_resource(RESOURCE, healthy=4)
+            metrics = HostMetrics()
+            metrics.watch(host.snapshot)
+            scraped = metrics.render().decode().splitlines()
             failed = [e for e in kubelet.events if e.kind is EventKind.HEALTH_FAILED]
     assert failed == []  # the host serves every health version a kubelet opens
+    for line in (
+        'devicehost_prepare_claims_total{driver="example.com",result="success"} 1.0',
+        'devicehost_unprepare_claims_total{driver="example.com",result="success"} 1.0',
+        'devicehost_prepare_claim_duration_seconds_count{driver="example.com",result="success"} 1.0',
+        'devicehost_dra_health_transitions_total{driver="example.com",health="Unhealthy"} 2.0',
+        'devicehost_dra_health_transitions_total{driver="example.com",health="Healthy"} 2.0',
+    ):
+        assert line in scraped
+    writes = next(
+        x for x in scraped if x.startswith('devicehost_dra_slice_writes_total{driver="example.com"}')
+    )
+    assert float(writes.rpartition(" ")[2]) >= 3  # published, the fault, the repair
     said = [e for e in logs if e["event"] == "the API server serves DRA"]
     assert len(said) == 1
     assert said[0]["versions"] == "v1"

@@ -36,9 +36,11 @@ from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthList
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import SERVICE, ClaimRef, DraPluginServicer
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
+from devicehost.host.dra.stats import DriverStats
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.host.sockets import is_listening, parse_socket_name
+from devicehost.host.state import DraCalls
 from devicehost.proto.dra.v1 import api_pb2_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from devicehost.resourceapi import UNHEALTHY_TAINT
@@ -118,6 +120,7 @@ class DraDriver:
         self._publishing: asyncio.Task[None] | None = None
         self.binding = BindingWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
         self._tainting: asyncio.Future[bool] | None = None
+        self.stats = DriverStats()
 
     async def start(self) -> None:
         """Read the checkpoint, serve DRAPlugin, then the registration socket; start publishing.
@@ -148,7 +151,7 @@ class DraDriver:
     async def _serve(self) -> None:
         dra = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraPluginServicer(self._prepare, self.claims.unprepare), dra
+            DraPluginServicer(self._prepare, self.claims.unprepare, self.stats.claims), dra
         )
         add_health_services(dra, HealthLists(self.health, self.changes.wait))
         await self._start_server(dra, self._dra_socket)
@@ -208,7 +211,13 @@ class DraDriver:
             self._tainting = asyncio.ensure_future(taint_effect(self._setup, self.name, self.log))
         effect = resource_taint(self._setup.unhealthy_taint, server, await self._tainting, self.log)
         self.claims.tainted = self.claims.tainted or effect is not None
-        await follow(server, pool, self._setup.node, self.name, self.publisher, self.changes, effect)
+        await follow(
+            server, pool, self._setup.node, self.name, self.publisher, self.changes, effect, self.stats
+        )
+
+    def calls(self) -> DraCalls:
+        """What the driver did so far (the metrics read it)."""
+        return self.stats.snapshot(self.publisher.writes, self.publisher.publish_seconds)
 
     def health(self) -> list[DeviceHealth]:
         """Every device of the driver's resources with its own health (the kubelet's health stream)."""
@@ -295,6 +304,7 @@ async def follow(
     publisher: Publisher,
     changes: Changes,
     effect: str | None,
+    stats: DriverStats,
 ) -> None:
     """Publish ``server``'s devices now and after every change of its table: one pool of as many
     slices as they need, each device kept in its slice, its counter sets' slice, and with
@@ -306,6 +316,7 @@ async def follow(
         if server.table.version != seen:
             seen = server.table.version
             table = server.table
+            stats.health((pool, names.device_name(d.id), d.health is Health.HEALTHY) for d in table.devices)
             taints = None
             if effect is not None:
                 unhealthy = {d.id for d in table.devices if d.health is not Health.HEALTHY}

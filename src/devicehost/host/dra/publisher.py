@@ -38,13 +38,14 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.slices import slice_body
+from devicehost.host.dra.stats import Timings
 from devicehost.host.serving.registration import Backoff
 
 STOP_TIMEOUT = 5.0
@@ -82,6 +83,7 @@ class Publisher:
         self._pace = Pace(min_interval)
         self.writes = 0
         """Slices created, replaced or deleted so far."""
+        self.publish_seconds = Timings()  # each sync that wrote: how long (the publish latency)
         self.log = structlog.get_logger(__name__).bind(driver=driver)
 
     def want_pool(self, key: str, slices: Sequence[WantedSlice]) -> None:
@@ -132,7 +134,7 @@ class Publisher:
                 await self._dirty.wait()
                 self._dirty.clear()
                 try:
-                    held = await self.sync(coalesce=True)
+                    held = await timed(self, self.sync(coalesce=True))
                 except Exception as exc:  # a bug too: said with its traceback, never a silent end
                     self._dirty.set()
                     await asyncio.sleep(failed(exc, self._backoff, self.log))
@@ -234,6 +236,15 @@ class Pace:
         if wait > 0:
             waits[pool] = wait
         return pool in waits
+
+
+async def timed(publisher: Publisher, sync: Awaitable[float | None]) -> float | None:
+    """Await the publisher's ``sync``; when it wrote, its time goes to the publish latency."""
+    started, writes = time.monotonic(), publisher.writes
+    held = await sync
+    if publisher.writes != writes:
+        publisher.publish_seconds.observe(time.monotonic() - started)
+    return held
 
 
 def pool_writes(

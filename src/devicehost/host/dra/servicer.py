@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -17,19 +18,30 @@ ClaimRef = tuple[str, str, str]
 """(namespace, uid, name), as the kubelet names a claim."""
 Prepare = Callable[[Sequence[ClaimRef]], Awaitable[dict[str, PreparedClaim | str]]]
 Unprepare = Callable[[Sequence[ClaimRef]], Awaitable[dict[str, str]]]
+Observe = Callable[[str, Iterable[bool], float], None]
+"""(``prepare`` or ``unprepare``, each claim's outcome, the call's seconds)."""
+
+
+def _unobserved(operation: str, outcomes: Iterable[bool], seconds: float) -> None:
+    """No metrics."""
 
 
 class DraPluginServicer(api_pb2_grpc.DRAPluginServicer):
     """Turns the kubelet's calls into plain ones: a claim's answer is its devices or one error."""
 
-    def __init__(self, prepare: Prepare, unprepare: Unprepare) -> None:
+    def __init__(self, prepare: Prepare, unprepare: Unprepare, observe: Observe = _unobserved) -> None:
         self._prepare = prepare
         self._unprepare = unprepare
+        self._observe = observe
 
     async def NodePrepareResources(
         self, request: api_pb2.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.NodePrepareResourcesResponse:
+        started = time.monotonic()
         answers = await self._prepare([(c.namespace, c.uid, c.name) for c in request.claims])
+        self._observe(
+            "prepare", (not isinstance(a, str) for a in answers.values()), time.monotonic() - started
+        )
         response = api_pb2.NodePrepareResourcesResponse()
         for uid, answer in answers.items():
             if isinstance(answer, str):
@@ -50,7 +62,9 @@ class DraPluginServicer(api_pb2_grpc.DRAPluginServicer):
     async def NodeUnprepareResources(
         self, request: api_pb2.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.NodeUnprepareResourcesResponse:
+        started = time.monotonic()
         errors = await self._unprepare([(c.namespace, c.uid, c.name) for c in request.claims])
+        self._observe("unprepare", (not e for e in errors.values()), time.monotonic() - started)
         response = api_pb2.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             response.claims[uid].error = error
