@@ -76,7 +76,11 @@ async def test_a_claim_from_slice_to_release(root: Path) -> None:
         assert body["metadata"]["ownerReferences"][0]["kind"] == "Node"
         assert body["spec"]["devices"][0] == {
             "name": "widget-0",
-            "attributes": {"id": {"string": "widget-0"}, "numaNode": {"int": 0}},
+            "attributes": {
+                "id": {"string": "widget-0"},
+                "numaNode": {"int": 0},
+                "resource.kubernetes.io/numaNode": {"int": 0},
+            },
         }
         info = await registered_endpoint(registration_socket(root))
         assert (info.type, info.name, list(info.supported_versions)) == (

@@ -143,6 +143,9 @@ class Device:
         conditions) that, once True, make the scheduler give the device up and place the pod anew.
     :param health_message: DRA only: why the device has its health, for people: the kubelet's
         DRA health stream carries it to the pod's ``allocatedResourcesStatus``.
+    :param pci_bus_id: DRA only: the device's PCI address (``0000:3b:00.0``, as sysfs names it):
+        published as the standard ``resource.kubernetes.io/pciBusID``, with the
+        ``resource.kubernetes.io/pcieRoot`` sysfs gives it.
     """
 
     id: str
@@ -158,6 +161,7 @@ class Device:
     binding_failure_conditions: tuple[str, ...] = field(default=(), kw_only=True)
     # -- end binding conditions --
     health_message: str = field(default="", kw_only=True)
+    pci_bus_id: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse a health that is not a :class:`Health`, quoting it.
