@@ -2,7 +2,8 @@
 finds what the API server serves (one log line, ``/status``), a claim is prepared, and a device's
 health reaches the kubelet (through the health stream of that kubelet's version, as the pod's
 ``allocatedResourcesStatus``), the slice (a taint, or withdrawal where the API drops taints) and
-the device plugin side, and recovers on all three."""
+the device plugin side, and recovers on all three. Last, what the e2e suite turns on for a real
+cluster of each version (tests/support/k8skit.py's ClusterDra)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import structlog
+from k8skit import ClusterDra
 
 from devicehost import Health
 from devicehost.host.ops.metrics import HostMetrics
@@ -99,11 +101,8 @@ async def test_a_claim_and_its_device_health_at_each_version(base: Path, version
 
             backend.fault({"widget-0", "widget-1"}, WHY)
             await kubelet.wait_for_resource(RESOURCE, healthy=2)  # the device plugin side
-            expected_status = {
-                "resourceID": f"{DRIVER}/node-a/widget/widget-0",
-                "health": "Unhealthy",
-                "message": WHY,
-            }
+            cdi_id = f"{DRIVER}/claim-{claim[1]}=req.widget"  # the kubelet names a device by its CDI ID
+            expected_status = {"resourceID": cdi_id, "health": "Unhealthy", "message": WHY}
             if surface.health_service is not None:
                 await until(
                     lambda: (
@@ -159,3 +158,22 @@ async def test_a_claim_and_its_device_health_at_each_version(base: Path, version
     said = [e for e in logs if e["event"] == "the API server serves DRA"]
     assert len(said) == 1
     assert said[0]["versions"] == "v1"
+
+
+@pytest.mark.parametrize(
+    ("version", "served", "gates", "api", "runtime_config"),
+    [
+        ("1.35", {"v1"}, {"DRADeviceTaints": True, "DRADeviceTaintRules": True}, "v1alpha3",
+         {"resource.k8s.io/v1alpha3": True}),
+        ("1.36", {"v1"}, {"DRADeviceTaintRules": True}, "v1beta2", {"resource.k8s.io/v1beta2": True}),
+        ("1.36", {"v1", "v1beta2"}, {"DRADeviceTaintRules": True}, "v1beta2", {}),
+        ("1.37", {"v1"}, {}, "v1", {}),
+    ],
+)  # fmt: skip
+def test_the_e2e_suite_turns_on_only_what_the_clusters_version_lacks(
+    version: str, served: set[str], gates: dict[str, bool], api: str, runtime_config: dict[str, bool]
+) -> None:
+    cluster = ClusterDra(parse(version), frozenset(served))
+    assert cluster.gates("DRADeviceTaints", "DRADeviceTaintRules") == gates
+    assert cluster.taint_rule_api == api
+    assert cluster.runtime_config(cluster.taint_rule_api) == runtime_config

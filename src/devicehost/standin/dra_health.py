@@ -174,7 +174,8 @@ def claim_status(
 ) -> list[dict[str, Any]]:
     """A prepared claim's entries of a pod's ``allocatedResourcesStatus``: per request, each
     device's health as the driver's streams last said it (``Unknown`` when they said nothing,
-    or too long ago), with the driver's message."""
+    or too long ago), with the driver's message, under each CDI ID the driver answered for it
+    (as a 1.35 kubelet was seen naming it; ``<driver>/<pool>/<device>`` for a device without)."""
     reported: dict[tuple[str, str], Reported] = {}
     for watch in watches:
         reported |= watch.devices
@@ -182,9 +183,8 @@ def claim_status(
     for device in devices:
         found = reported.get((device.pool, device.device))
         health, message = found.now() if found else ("Unknown", "")
-        entry = {"resourceID": f"{driver}/{device.pool}/{device.device}", "health": health}
-        for request in device.requests:
-            statuses.setdefault(f"claim:{claim}/{request}", []).append(
-                entry | ({"message": message} if message else {})
-            )
+        for resource in device.cdi_ids or (f"{driver}/{device.pool}/{device.device}",):
+            entry = {"resourceID": resource, "health": health} | ({"message": message} if message else {})
+            for request in device.requests:
+                statuses.setdefault(f"claim:{claim}/{request}", []).append(entry)
     return [{"name": key, "resources": value} for key, value in statuses.items()]
