@@ -231,4 +231,6 @@ def test_simulate_takes_a_kubernetes_version_and_nothing_else_does(
     assert run_simulated.calls[0]["kubernetes_version"] == "1.37"
     assert main(["run", "--kubernetes-version", "1.36", "--backend", "example"]) == 2
     assert "--kubernetes-version applies only with --simulate-kubelet" in capfd.readouterr().err
+    assert main(["run", "--simulate-kubelet", "--kubernetes-version", "1.33", "--backend", "example"]) == 2
+    assert "Kubernetes version '1.33' is not one of 1.34, 1.35, 1.36, 1.37" in capfd.readouterr().err
     assert run_host.calls == []

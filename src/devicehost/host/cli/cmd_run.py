@@ -25,7 +25,6 @@ from devicehost.host.cli.common import (
     set_handler,
     settings_problems,
 )
-from devicehost.standin.versions import VERSIONS
 
 if TYPE_CHECKING:
     import socket
@@ -46,8 +45,9 @@ def add_parser(commands: Commands) -> None:
     )
     run.add_argument(
         "--kubernetes-version",
-        choices=VERSIONS,
-        help="with --simulate-kubelet: the Kubernetes version its kubelet and API server present (default 1.35)",
+        metavar="VERSION",
+        help="with --simulate-kubelet: the Kubernetes version its kubelet and API server present, "
+        "1.34 to 1.37 (default 1.35)",
     )
     set_handler(run, run_command, load_config=checked_config)
 
@@ -74,6 +74,13 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
         raise CommandFailed(SIMULATED_DIR, EXIT_USAGE)
     if args.kubernetes_version and not args.simulate_kubelet:
         raise CommandFailed(VERSION_WITHOUT_SIMULATION, EXIT_USAGE)
+    if args.kubernetes_version:
+        from devicehost.standin.versions import parse
+
+        try:
+            parse(args.kubernetes_version)
+        except ValueError as exc:
+            raise CommandFailed(f"--kubernetes-version: {exc}", EXIT_USAGE) from None
     configure_logging(config.log_level, config.log_format)
     statuses = load_backend_statuses(config)
     backends = [s.backend for s in statuses if s.backend is not None]
