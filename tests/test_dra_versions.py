@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from k8skit import ClusterDra
 
 from devicehost import Health
 from devicehost.host.ops.metrics import HostMetrics
+from devicehost.host.ops.status import document
 from devicehost.standin import EventKind, KubeletStandIn
 from devicehost.standin.versions import VERSIONS, parse
 from devicehost.testing.cluster import ClusterStandIn
@@ -93,6 +95,10 @@ async def test_a_claim_and_its_device_health_at_each_version(base: Path, version
             assert seen.features["device taints in slices"] == surface.enabled("DRADeviceTaints")
             assert seen.features["consumable capacity"] == surface.enabled("DRAConsumableCapacity")
             assert seen.features["binding conditions"] == surface.enabled("DRADeviceBindingConditions")
+            shown = json.loads(json.dumps(document(host.snapshot())))["resources"][RESOURCE]["dra"]  # /status
+            assert shown["cluster"]["versions"] == ["v1"]
+            assert shown["cluster"]["features"] == seen.features
+            assert "calls" not in shown  # the metrics' business
 
             claim = cluster.allocate(DRIVER, devices=["widget-0"], name="gpu")
             (device,) = (await kubelet.dra.prepare(DRIVER, [claim]))[claim[1]]
