@@ -200,6 +200,9 @@ class Resource:
         ResourceSlice where the API server has device taints: ``NoSchedule`` (new claims stay
         away), ``NoExecute`` (pods using it are evicted too) or ``none`` (withdrawn instead); the
         operator's ``dra_unhealthy_taint`` wins when set; None: ``NoSchedule``.
+    :param device_metadata: DRA only: containers of a claim find its devices' metadata (their
+        attributes, KEP-5304) under ``/var/run/kubernetes.io/dra-device-attributes/``, which the
+        host writes and mounts with the claim's CDI specs.
     """
 
     name: str
@@ -209,6 +212,7 @@ class Resource:
         default_factory=dict, kw_only=True, hash=False
     )
     unhealthy_taint: TaintEffect | None = field(default=None, kw_only=True)
+    device_metadata: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse devices that are not :class:`Device`, naming the first; a list becomes a tuple."""

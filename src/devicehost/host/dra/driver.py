@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Attached, Claims, hold
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthLists, add_health_services
+from devicehost.host.dra.metadata import HOST_DIR, DeviceMetadata
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.servicer import SERVICE, ClaimRef, DraPluginServicer
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
@@ -40,7 +41,6 @@ from devicehost.host.dra.stats import DriverStats
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.host.sockets import is_listening, parse_socket_name
-from devicehost.host.state import DraCalls
 from devicehost.proto.dra.v1 import api_pb2_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from devicehost.resourceapi import UNHEALTHY_TAINT
@@ -110,6 +110,9 @@ class DraDriver:
             setup.device_plugin_holds,
             setup.cdi_dir,
         )
+        self.metadata = DeviceMetadata(
+            name, setup.cluster, self.directory / HOST_DIR, setup.cdi_dir, self.resources
+        )
         self.registered = False
         self.changes = Changes()
         """Bumped whenever a resource's devices change (the kubelet's health stream follows it)."""
@@ -151,9 +154,9 @@ class DraDriver:
     async def _serve(self) -> None:
         dra = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraPluginServicer(self._prepare, self.claims.unprepare, self.stats.claims), dra
+            DraPluginServicer(self._prepare, self._unprepare, self.stats.claims), dra
         )
-        add_health_services(dra, HealthLists(self.health, self.changes.wait))
+        add_health_services(dra, HealthLists(lambda: device_health(self.resources), self.changes.wait))
         await self._start_server(dra, self._dra_socket)
         registration = registration_server(self.name, lambda: str(self._dra_socket.path), self._on_status)
         await self._start_server(registration, self._registration_socket)
@@ -193,9 +196,15 @@ class DraDriver:
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Prepare the claims, then write the status of those prepared (the device status hook)."""
-        answers = await self.claims.prepare(claims)
+        answers = await self.metadata.add(await self.claims.prepare(claims))
         await self.binding.after_prepare(answers, claims)
         return answers
+
+    async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Unprepare the claims, then remove the device metadata of those unprepared."""
+        errors = await self.claims.unprepare(claims)
+        self.metadata.remove([uid for uid, error in errors.items() if not error])
+        return errors
 
     def detach(self, resource: str) -> None:
         """Stop publishing ``resource``; its prepared claims stay in the checkpoint."""
@@ -215,18 +224,6 @@ class DraDriver:
             server, pool, self._setup.node, self.name, self.publisher, self.changes, effect, self.stats
         )
 
-    def calls(self) -> DraCalls:
-        """What the driver did so far (the metrics read it)."""
-        return self.stats.snapshot(self.publisher.writes, self.publisher.publish_seconds)
-
-    def health(self) -> list[DeviceHealth]:
-        """Every device of the driver's resources with its own health (the kubelet's health stream)."""
-        return [
-            (attached.pool, names.device_name(d.id), d.health is Health.HEALTHY, d.health_message)
-            for attached in self.resources.values()
-            for d in attached.server.table.devices
-        ]
-
     async def _start_server(self, server: grpc.aio.Server, socket: ServedSocket) -> None:
         self._servers.append(server)  # stopped on failure too: an unstopped server warns at exit
         try:
@@ -242,6 +239,15 @@ class DraDriver:
             self.publisher.poke()  # a starting kubelet deletes the node's slices: publish again
         else:
             self.log.error("the kubelet refused the driver", error=error)
+
+
+def device_health(resources: Mapping[str, Attached]) -> list[DeviceHealth]:
+    """Every device of a driver's resources with its own health (the kubelet's health stream)."""
+    return [
+        (attached.pool, names.device_name(d.id), d.health is Health.HEALTHY, d.health_message)
+        for attached in resources.values()
+        for d in attached.server.table.devices
+    ]
 
 
 def registration_server(

@@ -101,7 +101,15 @@ class DraDrivers:
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
         served = self._served.result() if self._served is not None and self._served.done() else None
-        dra = DraState(driver.name, only, driver.registered, slice_name, prepared, served, driver.calls())
+        dra = DraState(
+            driver.name,
+            only,
+            driver.registered,
+            slice_name,
+            prepared,
+            served,
+            driver.stats.snapshot(driver.publisher.writes, driver.publisher.publish_seconds),
+        )
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
 
     async def _probe(self, driver: str) -> ClusterApi | None:
