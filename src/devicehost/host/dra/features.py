@@ -30,6 +30,9 @@ async def probe(cluster: Cluster, node: str, driver: str) -> ClusterApi | None:
     except ClusterError as exc:
         log.warning("the API server's DRA versions and features are unknown; not asked again", error=str(exc))
         return None
+    except Exception:  # a bug too: said with its traceback, and the snapshots never see it
+        log.exception("asking the API server what it serves of DRA failed; not asked again")
+        return None
     features = served.features
     lacking = [name for name, has in features.items() if not has]
     log.info(
