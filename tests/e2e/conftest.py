@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from k8skit import KIT_ENV, Kit, kit_dir
+from k8skit import KIT_ENV, ClusterDra, Kit, kit_dir
 
 REPO = Path(__file__).resolve().parents[2]
 GIZMO = REPO / "tests" / "backends" / "devicehost-gizmo"
@@ -66,6 +66,16 @@ def kit(pytestconfig: pytest.Config) -> Iterator[Kit]:
         _delete_leftovers(kit)
     finally:
         kit.timed("cluster down (down.sh)", root / "down.sh", timeout=300)
+
+
+@pytest.fixture(scope="session")
+def dra_cluster(kit: Kit) -> ClusterDra:
+    """The cluster's Kubernetes version and served resource.k8s.io versions; a version the tests
+    do not know (outside 1.34 to 1.37) skips the tests that depend on it, saying which."""
+    try:
+        return kit.dra()
+    except ValueError as exc:
+        pytest.skip(f"the tests know what Kubernetes 1.34 to 1.37 do of DRA: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,47 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class ClusterApi:
+    """What the API server serves of DRA, as probed once at start."""
+
+    versions: tuple[str, ...]
+    """The ``resource.k8s.io`` versions served, newest first."""
+    features: Mapping[str, bool]
+    """Each DRA feature the host looks for: whether the cluster has it."""
+    taint_rules: str
+    """The served version that has DeviceTaintRule ("": none)."""
+
+
+@dataclass(frozen=True)
+class Durations:
+    """A histogram as counted so far: cumulative counts per upper bound, their sum and count."""
+
+    buckets: tuple[tuple[float, int], ...]
+    """(upper bound in seconds, observations at or under it), the last one ``inf``."""
+    total: float
+    """The sum of the observed seconds."""
+
+    @property
+    def count(self) -> int:
+        return self.buckets[-1][1] if self.buckets else 0
+
+
+@dataclass(frozen=True)
+class DraCalls:
+    """What a DRA driver did so far: the kubelet's calls, its slice writes, its devices' health."""
+
+    claims: Mapping[tuple[str, str], Durations]
+    """Claims prepared or unprepared, by (``prepare`` or ``unprepare``, ``success`` or ``error``):
+    how long the kubelet's call that answered each took."""
+    slice_writes: int
+    """ResourceSlices created, replaced or deleted."""
+    publish: Durations
+    """Time to bring the published slices in step after a change (one sync that wrote)."""
+    health_transitions: Mapping[str, int]
+    """Devices that turned ``Healthy`` or ``Unhealthy``, by the health they turned to."""
+
+
+@dataclass(frozen=True)
 class DraState:
     """A resource served through DRA: its driver, and what the kubelet and claims made of it."""
 
@@ -38,6 +79,10 @@ class DraState:
     """Claims prepared with its devices, now."""
     slices_restored: int = 0
     """Slices of its pool written back after something else deleted or changed them."""
+    cluster: ClusterApi | None = None
+    """What the API server serves of DRA (None: not probed yet, or the probe failed)."""
+    calls: DraCalls | None = None
+    """Its driver's calls, writes and health transitions so far (one driver's, shared by its resources)."""
 
 
 @dataclass(frozen=True)

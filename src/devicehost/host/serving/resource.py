@@ -69,6 +69,7 @@ class ResourceServer:
         self.table = DeviceTable(resource.devices, resource.counter_sets)
         self.unhealthy_taint = resource.unhealthy_taint
         """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
+        self.device_metadata = resource.device_metadata  # DRA: write device metadata for containers
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
         self.socket = ServedSocket(
@@ -155,6 +156,7 @@ class ResourceServer:
         pushed or polled state. Every source reports changes, and the latest change wins.
         """
         self.table.set_counter_sets(resource.counter_sets)
+        self.device_metadata = resource.device_metadata
         merged = keep_newer_health(self.table.devices, self._discovered_health, resource.devices)
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.apply_devices(merged)
