@@ -38,8 +38,8 @@ class MetadataWidgets(ExampleBackend):
 class TemplateClaims(ClusterStandIn):
     """Claims named ``pod0-...`` come from a ResourceClaimTemplate: the pod calls its claim ``gpu``."""
 
-    async def claim_object(self, namespace: str, name: str) -> dict[str, Any]:
-        body = await super().claim_object(namespace, name)
+    def claim_body(self, namespace: str, name: str) -> dict[str, Any]:
+        body = super().claim_body(namespace, name)
         if name.startswith("pod0-"):
             body["metadata"].setdefault("annotations", {})[POD_CLAIM_NAME] = "gpu"
         return body
