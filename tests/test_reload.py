@@ -207,7 +207,7 @@ reload (enable, disable, new settings)."""
 
 
 async def test_every_in_place_setting_reaches_the_running_host(
-    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path
+    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path, cdi_in_tmp: Path
 ) -> None:
     from devicehost.host.config import IN_PLACE, on_reload
 
@@ -235,4 +235,4 @@ async def test_every_in_place_setting_reaches_the_running_host(
         assert kubelet.registrations("example.com/a") == 1
     from devicehost import cdi
 
-    assert cdi.default_dir() == cdi.DEFAULT_CDI_DIR  # the host's cdi_dir went to its hook calls only
+    assert cdi.default_dir() == cdi_in_tmp  # the host's cdi_dir went to its hook calls only
