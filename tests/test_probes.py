@@ -117,6 +117,35 @@ async def test_a_stuck_hook_fails_readyz_naming_the_backend_and_never_healthz(
         assert (await get(port, "/readyz"))[0] == 200
 
 
+async def test_readyz_is_503_until_the_first_discoverys_resources_are_served(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    """Between the first discovery and its resources being served there is nothing registered
+    yet: that is not ready (it once answered ``200 ok: 0 resources registered``)."""
+    port = free_port()
+    backend = ScriptedBackend(widgets("example.com/widget", 2))
+    backend.hanging = {"devicehost_start"}  # the resource's start hook takes its time
+    async with running_host(plugin_dir, {"ex": backend}, metrics_address=f"127.0.0.1:{port}"):
+        await eventually(lambda: backend.count("devicehost_start") == 1, "the start hook called")
+        assert await get(port, "/readyz") == (
+            503,
+            "not ready:\n  host: the first discovery is not done (its resources are not all served yet)\n",
+        )
+        backend.hang.set()
+        await kubelet.wait_for_resource("example.com/widget", healthy=2)
+        await eventually_ready(port)
+        assert await get(port, "/readyz") == (200, "ok: 1 resources registered\n")
+
+
+async def eventually_ready(port: int, within: float = 10.0) -> None:
+    """Poll ``/readyz`` every 10 ms until it answers 200; fail with its last answer."""
+    answer = await get(port, "/readyz")
+    async with asyncio.timeout(within):
+        while answer[0] != 200:
+            await asyncio.sleep(0.01)
+            answer = await get(port, "/readyz")
+
+
 async def test_a_backend_that_refused_its_settings_shows_in_readyz_not_healthz(
     kubelet: KubeletStandIn, plugin_dir: Path
 ) -> None:
