@@ -1,6 +1,6 @@
 """Session fixtures of the end-to-end tests: one real cluster, and the wheels every image uses.
 
-The cluster is the kit's (``../shared/k8s-cluster``, named by $DEVICEHOST_K8S_KIT): ``up.sh`` once
+The cluster is the kit's (a dir outside this repository named by $DEVICEHOST_K8S_KIT): ``up.sh`` once
 per session, ``down.sh`` at the end whatever happened, so no process, mount or pod is left.
 Objects a test created are deleted before ``down.sh`` (the kit keeps etcd across runs).
 """
@@ -53,7 +53,7 @@ def kit(pytestconfig: pytest.Config) -> Iterator[Kit]:
     root = kit_dir()
     if root is None:
         pytest.skip(
-            f"no Kubernetes kit: set {KIT_ENV} to a k8s-cluster kit dir (.ci/run uses ../shared/k8s-cluster)"
+            f"no Kubernetes kit: set {KIT_ENV} to a cluster kit dir (with up.sh and down.sh)"
         )
     if os.geteuid() != 0:
         pytest.skip("the k8s kit runs a cluster on this machine and needs root")
