@@ -52,9 +52,7 @@ def kit(pytestconfig: pytest.Config) -> Iterator[Kit]:
     """The kit's cluster, up for the session; down (``down.sh``) after it, whatever happened."""
     root = kit_dir()
     if root is None:
-        pytest.skip(
-            f"no Kubernetes kit: set {KIT_ENV} to a cluster kit dir (with up.sh and down.sh)"
-        )
+        pytest.skip(f"no Kubernetes kit: set {KIT_ENV} to a cluster kit dir (with up.sh and down.sh)")
     if os.geteuid() != 0:
         pytest.skip("the k8s kit runs a cluster on this machine and needs root")
     kit = Kit(root)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from devicehost.hookspecs.types import ClaimRequest, DeviceStatus, NetworkData, Share
-from devicehost.host.backends.backend import HookError, device_status
+from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
 from devicehost.host.dra.cluster import ClusterError, Conflict, NotFound
 from devicehost.resourceapi import allocated_device, claim_allocation
@@ -153,7 +153,7 @@ async def _ask(
             any(bool(d.result.get("adminAccess")) for d in devices),
             {d.device_id: share for d in devices if (share := share_of(d.result)) is not None},
         )
-        said = await device_status(backend, resource, tuple(d.device_id for d in devices), asked, prepared)
+        said = await backend.device_status(resource, tuple(d.device_id for d in devices), asked, prepared)
         answers.update((d, said[d.device_id]) for d in devices if d.device_id in said)
     return answers
 
