@@ -35,9 +35,9 @@ class ApiServerStandIn(ClaimStatuses):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.stored: dict[str, dict[str, Any]] = {}
         """ResourceSlices by name, as stored (with a resourceVersion)."""
-        self.claims: dict[tuple[str, str], ClaimAllocation] = {}
         self.device_taints_kept = False
         """Whether it keeps device taints on slices (an API server with ``DRADeviceTaints``);
         without, it drops them as the real one does."""
@@ -45,7 +45,6 @@ class ApiServerStandIn(ClaimStatuses):
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
         self._deletions: list[asyncio.Queue[str]] = []
-        self.changed = asyncio.Event()
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -177,6 +176,9 @@ class ApiServerStandIn(ClaimStatuses):
     def _check(self) -> None:
         if self.down is not None:
             raise ClusterError(self.down)
+
+    def _published(self, driver: str) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return published(self.stored, driver)
 
 
 def free_devices(
