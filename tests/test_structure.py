@@ -208,12 +208,9 @@ def test_every_class_is_one_concern_of_a_readable_size() -> None:
 
 NOT_YET_TESTED: frozenset[str] = frozenset(
     {
-        "devicehost.host.cli.cmd_webhook",
-        "devicehost.host.config_watch",
         "devicehost.host.dra.binding",
         "devicehost.host.kubelet.plugin_watcher",
         "devicehost.host.peers",
-        "devicehost.host.webhook.cert",
         "devicehost.standin.apiserver",
         "devicehost.standin.claimstatus",
         "devicehost.standin.plugin_watcher",
