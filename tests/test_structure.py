@@ -209,11 +209,7 @@ def test_every_class_is_one_concern_of_a_readable_size() -> None:
 NOT_YET_TESTED: frozenset[str] = frozenset(
     {
         "devicehost.host.dra.binding",
-        "devicehost.host.kubelet.plugin_watcher",
         "devicehost.host.peers",
-        "devicehost.standin.apiserver",
-        "devicehost.standin.claimstatus",
-        "devicehost.standin.plugin_watcher",
         "devicehost_dra_example.binding",
         "devicehost_hostdev.backend",
         "devicehost_hostdev.scan",
