@@ -208,8 +208,6 @@ def test_every_class_is_one_concern_of_a_readable_size() -> None:
 
 NOT_YET_TESTED: frozenset[str] = frozenset(
     {
-        "devicehost.host.dra.binding",
-        "devicehost.host.peers",
         "devicehost_dra_example.binding",
         "devicehost_hostdev.backend",
         "devicehost_hostdev.scan",
