@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cdi_guard import child_environ
 from hostfakes import ScriptedBackend, install_fake_distribution, running_host, widgets
 from probing import free_port, get, sample
 from waiting import eventually
@@ -216,7 +217,7 @@ async def test_the_probe_port_listens_before_the_backends_load(
     install_fake_distribution(
         site, "devicehost-slowimport", "dh_slowimport", SLOW_IMPORT_BACKEND, "slow = dh_slowimport"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    env = child_environ()
     env["PYTHONPATH"] = os.pathsep.join([str(site), *sys.path])
     port = free_port()
     args = ["run", "--device-plugins-dir", str(plugin_dir), "--backend", "slow"]
@@ -243,7 +244,7 @@ async def test_the_probe_port_listens_before_the_backends_load(
 
 
 def test_a_taken_metrics_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    env = child_environ()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)

@@ -3,8 +3,8 @@
 Two fixtures, both autouse where a conftest imports them (tests/conftest.py, plugins/conftest.py):
 
 - ``cdi_in_tmp`` points :mod:`devicehost.cdi`'s default dir and ``DEVICEHOST_CDI_DIR`` (read by a
-  ``devicehost`` child process) at a temporary dir for the test, so code that names no dir writes
-  there;
+  ``devicehost`` child process; :func:`child_environ` keeps it) at a temporary dir for the test,
+  so code that names no dir writes there;
 - ``machine_cdi_dirs_untouched`` takes the names and mtimes under ``/var/run/cdi`` and ``/etc/cdi``
   before and after each test and fails the test that changed them (a spec written, removed or
   rewritten; a dir created). On a node with a CDI runtime those dirs decide what containers get.
@@ -25,6 +25,18 @@ from devicehost import cdi
 MACHINE_CDI_DIRS = (Path("/var/run/cdi"), Path("/etc/cdi"))
 WATCHED_ENV = "DEVICEHOST_TEST_WATCHED_CDI_DIRS"
 """Overrides :data:`MACHINE_CDI_DIRS` (``os.pathsep``-separated): for the guard's own test only."""
+
+
+CDI_ENV = "DEVICEHOST_CDI_DIR"
+
+
+def child_environ(*strip: str) -> dict[str, str]:
+    """This process's environment for a child process: no ``DEVICEHOST_*`` variable of the shell
+    running the tests (nor any of the ``strip`` prefixes), but the test's ``DEVICEHOST_CDI_DIR``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVICEHOST_", *strip))}
+    if CDI_ENV in os.environ:
+        env[CDI_ENV] = os.environ[CDI_ENV]
+    return env
 
 
 def watched_dirs() -> tuple[Path, ...]:
@@ -62,7 +74,7 @@ def cdi_in_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dh-cdi-", dir="/tmp"))
     previous = cdi.default_dir()
     cdi.set_default_dir(path)
-    monkeypatch.setenv("DEVICEHOST_CDI_DIR", str(path))
+    monkeypatch.setenv(CDI_ENV, str(path))
     yield path
     cdi.set_default_dir(previous)
     shutil.rmtree(path, ignore_errors=True)
