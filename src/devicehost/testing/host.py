@@ -172,8 +172,9 @@ async def host_process(
     :param args: further ``devicehost run`` options, such as ``--health-interval 0.1``.
     :param env: the child's environment (default: this process's, without ``DEVICEHOST_*``).
     :param cdi_dir: the child's ``--cdi-dir`` (default: :func:`devicehost.cdi.default_dir`, which
-        the kit's ``devicehost_cdi_dir`` fixture points at a temporary dir); a ``--cdi-dir`` in
-        ``args`` comes later and wins.
+        the kit's ``devicehost_cdi_dir`` fixture points at a temporary dir). As a command-line
+        flag it overrides ``config_file``'s ``cdi_dir``; a ``--cdi-dir`` in ``args`` comes later
+        and wins.
     """
     command = [sys.executable, "-m", "devicehost", "run", "--device-plugins-dir", str(device_plugins_dir)]
     command += ["--cdi-dir", str(cdi_dir if cdi_dir is not None else cdi.default_dir())]
