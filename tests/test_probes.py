@@ -261,3 +261,21 @@ def test_a_taken_metrics_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"devicehost: cannot listen on metrics address 127.0.0.1:{port}: Address already in use"
     ]
+
+
+def test_the_readyz_start_poll_tool_sees_no_early_yes() -> None:
+    """``tools/readyz_at_start.py`` (README) polls a real host's first second every 2 ms; with no
+    kubelet nothing can be registered, so no answer may be 200."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "readyz_at_start.py"
+    result = subprocess.run(
+        [sys.executable, str(tool), "--starts", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_environ(),
+    )
+    assert result.returncode == 0, result.stderr
+    first, last = result.stdout.splitlines()
+    assert re.fullmatch(r"start 1: \d+ answers, 0 early 200: .*", first), first
+    assert "503 host: the first discovery is not done" in first or "not registered and streaming" in first
+    assert last == "0 of 1 starts answered 200 before anything could be registered"
