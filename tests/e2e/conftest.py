@@ -47,6 +47,18 @@ def _delete_leftovers(kit: Kit) -> None:
     kit.kubectl("-n", "default", "delete", "resourceclaims", "--all", "--wait=false")
 
 
+@pytest.fixture
+def cdi_in_tmp() -> None:
+    """Not here (tests/support/cdi_guard.py): the cluster these tests drive runs on this machine,
+    and the host they start writes the node's CDI dir, which its runtime reads: that is what they
+    test. The kit's ``down.sh`` leaves the node as it found it."""
+
+
+@pytest.fixture
+def machine_cdi_dirs_untouched() -> None:
+    """Not here either: the node's CDI dir is the cluster's, and these tests change it on purpose."""
+
+
 @pytest.fixture(scope="session")
 def kit(pytestconfig: pytest.Config) -> Iterator[Kit]:
     """The kit's cluster, up for the session; down (``down.sh``) after it, whatever happened."""

@@ -1,6 +1,7 @@
 """Tests write CDI specs only in their own temporary dirs, never in the machine's CDI dirs.
 
-Two fixtures, both autouse where a conftest imports them (tests/conftest.py, plugins/conftest.py):
+Two fixtures, both autouse where a conftest imports them (tests/conftest.py, plugins/conftest.py;
+tests/e2e/conftest.py turns both off: its cluster runs on this machine and writes the node's CDI dir):
 
 - ``cdi_in_tmp`` points :mod:`devicehost.cdi`'s default dir and ``DEVICEHOST_CDI_DIR`` (read by a
   ``devicehost`` child process; :func:`child_environ` keeps it) at a temporary dir for the test,
