@@ -1,4 +1,4 @@
-"""The real single-node cluster of ``../shared/k8s-cluster`` (the kit), as the e2e tests drive it.
+"""The real single-node cluster of the kit named by ``$DEVICEHOST_K8S_KIT``, as the e2e tests drive it.
 
 The kit's own scripts do the work (``up.sh``, ``down.sh``, ``images/*.sh``); this module runs
 them, runs the kit's ``kubectl`` with its kubeconfig, and waits on cluster state with bounded

@@ -190,7 +190,8 @@ class HostState:
 
     **live** judges the host alone: its loop runs (and, since a probe answered, the event loop
     is not blocked). No backend, hung or raising, can make it false. **ready** judges
-    everything the node relies on: discovery has run, no backend failed, failed its last
+    everything the node relies on: the first discovery is done (every resource it found is
+    served, or failed to start), no backend failed, failed its last
     discovery or has a hook stuck, and every served resource is registered and streaming (and
     not superseded by another host); :attr:`problems` says what is not.
     """
@@ -199,7 +200,9 @@ class HostState:
     backends: tuple[BackendState, ...]
     resources: tuple[ResourceState, ...]
     discoveries: int
-    """Discovery rounds run so far."""
+    """Discovery rounds done so far: every backend answered (or failed to) and the resources it
+    offered were started or failed to start. Until the first is done, the resources it found
+    are not all in :attr:`resources` yet, so the host is not ready."""
     device_release: str = "off"
     """Device release: ``on``, ``off`` (turned off) or why it is paused (socket missing, ...)."""
     loop: str = "running"
@@ -220,7 +223,7 @@ class HostState:
         if self.loop != "running":
             lines.append(f"host: {self.loop}")
         elif self.discoveries == 0:
-            lines.append("host: discovery has not run yet")
+            lines.append("host: the first discovery is not done (its resources are not all served yet)")
         for backend in self.backends:
             if not backend.loaded:
                 lines.append(f"backend {backend.name}: not loaded: {backend.reason}")
@@ -247,7 +250,8 @@ class HostState:
 
     @property
     def ready(self) -> bool:
-        """Discovery has run, no backend failed or is stuck, every served resource registered and streaming."""
+        """The first discovery is done, no backend failed or is stuck, every served resource is
+        registered and streaming (through each API it is served by)."""
         return not self.problems
 
     @property

@@ -72,17 +72,16 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
 
     def __init__(self, kubernetes_version: str = "1.35") -> None:  # 1.34 to 1.37: see standin/versions.py
+        super().__init__()
         self.version = parse(kubernetes_version)
         self.stored: dict[str, dict[str, Any]] = {}
         """ResourceSlices by name, as stored (with a resourceVersion)."""
-        self.claims: dict[tuple[str, str], ClaimAllocation] = {}
         self.device_taints_kept = self.version.enabled("DRADeviceTaints")
         """Whether it keeps device taints on slices (``DRADeviceTaints``); else it drops them."""
         self.down: str | None = None
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
         self._slice_watches = SliceWatches()
-        self.changed = asyncio.Event()
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -179,6 +178,9 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
     def _check(self) -> None:
         if self.down is not None:
             raise ClusterError(self.down)
+
+    def _published(self, driver: str) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return published(self.stored, driver)
 
 
 def share_of(
