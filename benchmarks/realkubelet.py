@@ -7,7 +7,7 @@ interleaved in one run: process start to allocatable, ``Allocate`` as the kubele
 (``probe``), and kubelet restart to allocatable again. Ratios are host / Go plugin.
 
 Runs only when ``DEVICEHOST_KUBELET_PEER`` names the dir holding ``dpharness`` and ``stubplugin``
-(``../shared/kubelet-peer/unpack.sh`` prints it); otherwise it reports nothing and says why.
+(a kubelet harness, not in this repository); otherwise it reports nothing and says why.
 """
 
 from __future__ import annotations

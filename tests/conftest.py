@@ -1,4 +1,5 @@
-"""Shared fixtures: a short temp dir for unix sockets and a running kubelet stand-in."""
+"""Shared fixtures: a short temp dir for unix sockets and a running kubelet stand-in; every test
+writes CDI specs in a temporary dir and fails if it changed the machine's CDI dirs (cdi_guard)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from cdi_guard import cdi_in_tmp, machine_cdi_dirs_untouched
 from hostfakes import install_test_backends
 
 from devicehost.testing.kubelet import KubeletStandIn
+
+__all__ = ["cdi_in_tmp", "machine_cdi_dirs_untouched"]  # autouse fixtures, for every test here
 
 
 @pytest.fixture

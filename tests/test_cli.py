@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cdi_guard import child_environ
 from hostfakes import install_fake_distribution, install_test_backends
 
 from devicehost.testing.kubelet import KubeletStandIn
@@ -104,7 +105,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     """The environment of a devicehost subprocess: fake backends installed, no DEVICEHOST_ vars."""
     site = tmp_path / "site"
     install_test_backends(site)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    clean = child_environ()
     clean["PYTHONPATH"] = os.pathsep.join([str(site), *sys.path])
     return clean
 

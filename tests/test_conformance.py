@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cdi_guard import child_environ
 from hostfakes import install_fake_distribution, install_test_backends
 
 import devicehost
@@ -50,7 +51,7 @@ def conformance(
     if settings is not None:
         (workdir / "settings.yaml").write_text(yaml.safe_dump(settings))
         args += ["--devicehost-settings", "settings.yaml"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVICEHOST_", "PYTEST_"))}
+    env = child_environ("PYTEST_")
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     env["COLUMNS"] = "300"

@@ -158,26 +158,44 @@ def test_the_documented_backend_installs_and_passes_conformance(short_tmp: Path)
     run_testenv(venv, project, doc_files()["tox.ini"], timeout=60)
 
 
-def test_stability_lists_every_public_module() -> None:
-    """Every module that ``devicehost.__all__`` presents as API has its row in docs/stability.md,
-    and the row names every name of the module's ``__all__``."""
-    import importlib
+def public_modules() -> list[str]:
+    """The modules whose ``__all__`` is public API: ``devicehost``, the modules its ``__all__``
+    names, the kit ``devicehost.testing`` and every kit module with an ``__all__`` of its own."""
+    import importlib.util
+    import pkgutil
     import types
 
     import devicehost
+    import devicehost.testing
+
+    modules = ["devicehost", "devicehost.testing"]
+    modules += [
+        f"devicehost.{n}" for n in devicehost.__all__ if isinstance(getattr(devicehost, n), types.ModuleType)
+    ]
+    for info in pkgutil.iter_modules(devicehost.testing.__path__, "devicehost.testing."):
+        spec = importlib.util.find_spec(info.name)
+        assert spec is not None
+        assert spec.origin is not None
+        if re.search(
+            r"^(__all__ =|from \S+ import __all__ as __all__)", Path(spec.origin).read_text(), re.MULTILINE
+        ):
+            modules.append(info.name)
+    return sorted(modules)
+
+
+def test_stability_lists_every_public_name() -> None:
+    """docs/stability.md has one row per public module, and the row names every name of the
+    module's ``__all__`` (``devicehost`` itself included)."""
+    import importlib
 
     doc = (ROOT / "docs" / "stability.md").read_text()
     rows = dict(re.findall(r"^\| `(devicehost[.\w]*)` \| (.*) \|$", doc, re.MULTILINE))
-    modules = [
-        f"devicehost.{name}"
-        for name in devicehost.__all__
-        if isinstance(getattr(devicehost, name), types.ModuleType)
-    ]
-    assert "devicehost.policies" in modules
+    modules = public_modules()
+    assert {"devicehost", "devicehost.cdi", "devicehost.policies", "devicehost.testing.cluster"} <= set(
+        modules
+    )
+    assert sorted(rows) == modules, "docs/stability.md's rows are not the public modules"
     for module in modules:
-        assert module in rows, f"docs/stability.md has no row for {module}"
-        if module == "devicehost.cdi":
-            continue  # its row summarises a long list
         public = importlib.import_module(module).__all__
         missing = [n for n in public if f"`{n}`" not in rows[module]]
         assert not missing, f"docs/stability.md's {module} row leaves out {missing}"

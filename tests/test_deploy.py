@@ -43,6 +43,8 @@ DRA_RBAC = {
     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"},
     ("resource.k8s.io", "resourceclaims"): {"get", "list", "watch"},
     ("resource.k8s.io", "resourceclaims/status"): {"update"},
+    ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:update"},  # asked from 1.36
+    ("resource.k8s.io", "devicetaintrules"): {"list"},  # the start's probe: which version serves them
     ("", "nodes"): {"get"},
 }
 # The oldest Kubernetes these manifests promise to fit, and the newest schemas installed.

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cdi_guard import child_environ
 from packaging.requirements import Requirement
 
 import devicehost
@@ -540,7 +541,7 @@ def test_the_readme_config_example_passes_config_check(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")},
+        env=child_environ(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -563,7 +564,7 @@ def test_the_readme_backend_installs_and_passes_conformance(short_tmp: Path) -> 
     pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"]
     installed = subprocess.run([*pip, "--target", str(site), str(project)], capture_output=True, text=True)
     assert installed.returncode == 0, installed.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVICEHOST_", "PYTEST_"))}
+    env = child_environ("PYTEST_")
     env["PYTHONPATH"] = str(site)
     env["COLUMNS"] = "300"
     listed = subprocess.run(

@@ -80,13 +80,17 @@ async def test_a_claim_from_slice_to_release(root: Path) -> None:
         assert body["metadata"]["ownerReferences"][0]["kind"] == "Node"
         assert body["spec"]["devices"][0] == {
             "name": "widget-0",
-            "attributes": {"id": {"string": "widget-0"}, "numaNode": {"int": 0}},
+            "attributes": {
+                "id": {"string": "widget-0"},
+                "numaNode": {"int": 0},
+                "resource.kubernetes.io/numaNode": {"int": 0},
+            },
         }
         info = await registered_endpoint(registration_socket(root))
         assert (info.type, info.name, list(info.supported_versions)) == (
             "DRAPlugin",
             DRIVER,
-            ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"],
+            ["v1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"],
         )
         assert Path(info.endpoint).parent == root / "plugins" / DRIVER
 
@@ -98,6 +102,7 @@ async def test_a_claim_from_slice_to_release(root: Path) -> None:
             ("node-a/widget", "widget-0", [f"{kind}=req.widget"]),
             ("node-a/widget", "widget-1", []),
         ]
+        assert not any(d.HasField("share_id") for d in answer.devices)  # held whole: no share
         spec = json.loads((root / "cdi" / f"devicehost-{DRIVER}_claim-{claim[1]}.json").read_text())
         assert spec["devices"][0]["containerEdits"]["env"] == ["EXAMPLE_WIDGETS=widget-0,widget-1"]
         again = (await prepare(info.endpoint, [claim])).claims[claim[1]]
@@ -177,6 +182,33 @@ async def test_health_reaches_the_kubelet_stream_and_the_slice(root: Path) -> No
             example.devicehost_conformance_set_health("example.com/widget", "widget-1", Health.HEALTHY)
             await published(cluster, 4)
             stream.cancel()
+
+
+class SharedWidgets(ExampleBackend):
+    """The example backend, its widgets allowing multiple allocations (consumable capacity)."""
+
+    @devicehost.hookimpl
+    def devicehost_discover(self) -> list[devicehost.Resource]:
+        return [
+            dataclasses.replace(
+                r, devices=tuple(dataclasses.replace(d, allow_multiple_allocations=True) for d in r.devices)
+            )
+            for r in super().devicehost_discover()
+        ]
+
+
+async def test_each_share_reaches_the_kubelet_with_its_share_id(root: Path) -> None:
+    cluster = ClusterStandIn()
+    async with dra_host(root, cluster, SharedWidgets()):
+        await published(cluster, 4)
+        endpoint = (await registered_endpoint(registration_socket(root))).endpoint
+        claims = [cluster.allocate(DRIVER, devices=["widget-0"]) for _ in range(2)]
+        answers = (await prepare(endpoint, claims)).claims
+        received = [answers[uid].devices[0].share_id for _, uid, _ in claims]
+    wanted = [cluster.claims[(ns, name)].devices[0].share_id for ns, _, name in claims]
+    assert received == wanted
+    assert len(set(received)) == 2  # two shares of one device, told apart
+    assert all(wanted)
 
 
 class TaintChoosingBackend(ExampleBackend):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cdi_guard import child_environ
 from waiting import eventually
 
 from devicehost.host import logs
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVICEHOST_", "GRPC_"))}
+    env = child_environ("GRPC_")
     return {**env, **extra}
 
 

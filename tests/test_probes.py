@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cdi_guard import child_environ
 from hostfakes import ScriptedBackend, install_fake_distribution, running_host, widgets
 from probing import free_port, get, sample
 from waiting import eventually
@@ -117,6 +118,35 @@ async def test_a_stuck_hook_fails_readyz_naming_the_backend_and_never_healthz(
         assert (await get(port, "/readyz"))[0] == 200
 
 
+async def test_readyz_is_503_until_the_first_discoverys_resources_are_served(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    """Between the first discovery and its resources being served there is nothing registered
+    yet: that is not ready (it once answered ``200 ok: 0 resources registered``)."""
+    port = free_port()
+    backend = ScriptedBackend(widgets("example.com/widget", 2))
+    backend.hanging = {"devicehost_start"}  # the resource's start hook takes its time
+    async with running_host(plugin_dir, {"ex": backend}, metrics_address=f"127.0.0.1:{port}"):
+        await eventually(lambda: backend.count("devicehost_start") == 1, "the start hook called")
+        assert await get(port, "/readyz") == (
+            503,
+            "not ready:\n  host: the first discovery is not done (its resources are not all served yet)\n",
+        )
+        backend.hang.set()
+        await kubelet.wait_for_resource("example.com/widget", healthy=2)
+        await eventually_ready(port)
+        assert await get(port, "/readyz") == (200, "ok: 1 resources registered\n")
+
+
+async def eventually_ready(port: int, within: float = 10.0) -> None:
+    """Poll ``/readyz`` every 10 ms until it answers 200; fail with its last answer."""
+    answer = await get(port, "/readyz")
+    async with asyncio.timeout(within):
+        while answer[0] != 200:
+            await asyncio.sleep(0.01)
+            answer = await get(port, "/readyz")
+
+
 async def test_a_backend_that_refused_its_settings_shows_in_readyz_not_healthz(
     kubelet: KubeletStandIn, plugin_dir: Path
 ) -> None:
@@ -187,7 +217,7 @@ async def test_the_probe_port_listens_before_the_backends_load(
     install_fake_distribution(
         site, "devicehost-slowimport", "dh_slowimport", SLOW_IMPORT_BACKEND, "slow = dh_slowimport"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    env = child_environ()
     env["PYTHONPATH"] = os.pathsep.join([str(site), *sys.path])
     port = free_port()
     args = ["run", "--device-plugins-dir", str(plugin_dir), "--backend", "slow"]
@@ -214,7 +244,7 @@ async def test_the_probe_port_listens_before_the_backends_load(
 
 
 def test_a_taken_metrics_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    env = child_environ()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -231,3 +261,21 @@ def test_a_taken_metrics_port_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"devicehost: cannot listen on metrics address 127.0.0.1:{port}: Address already in use"
     ]
+
+
+def test_the_readyz_start_poll_tool_sees_no_early_yes() -> None:
+    """``tools/readyz_at_start.py`` (README) polls a real host's first second every 2 ms; with no
+    kubelet nothing can be registered, so no answer may be 200."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "readyz_at_start.py"
+    result = subprocess.run(
+        [sys.executable, str(tool), "--starts", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_environ(),
+    )
+    assert result.returncode == 0, result.stderr
+    first, last = result.stdout.splitlines()
+    assert re.fullmatch(r"start 1: \d+ answers, 0 early 200: .*", first), first
+    assert "503 host: the first discovery is not done" in first or "not registered and streaming" in first
+    assert last == "0 of 1 starts answered 200 before anything could be registered"

@@ -265,7 +265,7 @@ reload (enable, disable, new settings); ``cdi_dir`` is under the test's dir."""
 
 
 async def test_every_in_place_setting_reaches_the_part_that_uses_it(
-    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path
+    kubelet: KubeletStandIn, plugin_dir: Path, short_tmp: Path, cdi_in_tmp: Path
 ) -> None:
     from devicehost.host.config import IN_PLACE, on_reload
 
@@ -327,7 +327,7 @@ async def test_every_in_place_setting_reaches_the_part_that_uses_it(
         discoveries = host.discoveries
         await eventually(lambda: host.discoveries >= discoveries + 3, "discoveries every 0.2 s", within=3)
         assert kubelet.registrations(WIDGET) == 1  # all applied in place: nothing served anew
-    assert cdi.default_dir() == cdi.DEFAULT_CDI_DIR  # the host's cdi_dir went to its hook calls only
+    assert cdi.default_dir() == cdi_in_tmp  # the host's cdi_dir went to its hook calls only
 
 
 def claim_spec(cdi_dir: Path, claim: tuple[str, str, str]) -> Path:

@@ -184,6 +184,29 @@ async def test_a_dra_driver_registers_and_deregisters_with_its_socket(
         await kubelet.dra.prepare(DRIVER, [CLAIM])
 
 
+@pytest.mark.parametrize(("version", "service"), [("1.36", "v1alpha1"), ("1.37", "v1")])
+async def test_a_kubelet_with_health_retries_a_driver_without_it_every_few_seconds(
+    base: Path, servers: Servers, version: str, service: str
+) -> None:
+    async with KubeletStandIn(base / "dp", base / "reg", kubernetes_version=version) as kubelet:
+        kubelet.dra.health.retry = 0.2
+        await serve_driver(base, servers)  # serves DRAPlugin only
+        await kubelet.dra.wait_for_driver(DRIVER)
+        first = await kubelet.wait_for_event(EventKind.HEALTH_FAILED, DRIVER, since=0)
+        again = await kubelet.wait_for_event(EventKind.HEALTH_FAILED, DRIVER, since=len(kubelet.events))
+    assert first.detail.startswith(f"{service}.DRAResourceHealth: rpc error: code = UNIMPLEMENTED")
+    assert again.at - first.at > 0.15  # tried again after the retry interval: no spin
+
+
+async def test_a_kubelet_without_health_opens_no_stream(base: Path, servers: Servers) -> None:
+    async with KubeletStandIn(base / "dp", base / "reg", kubernetes_version="1.35") as kubelet:
+        kubelet.dra.health.retry = 0.05
+        await serve_driver(base, servers)
+        await kubelet.dra.wait_for_driver(DRIVER)
+        await asyncio.sleep(0.3)
+    assert not [e for e in kubelet.events if e.kind is EventKind.HEALTH_FAILED]
+
+
 @pytest.mark.parametrize(
     ("info", "message"),
     [

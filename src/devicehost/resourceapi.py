@@ -171,3 +171,51 @@ class Conflict(ClusterError):
 
 CLAIM_EVENTS = ("ADDED", "MODIFIED", "DELETED")
 """What :meth:`~devicehost.host.dra.cluster.Cluster.claim_events` says happened to a claim."""
+
+
+# -- what the API server serves -------------------------------------------------------------------
+
+RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
+"""The ``resource.k8s.io`` versions a 1.34 to 1.37 API server may serve, newest first."""
+
+SLICE_FEATURES = {
+    "taints": "device taints in slices",
+    "bindingConditions": "binding conditions",
+    "allowMultipleAllocations": "consumable capacity",
+}
+"""Device fields an API server keeps only with their feature on (else drops), by what they give."""
+
+
+@dataclass(frozen=True)
+class ServedApi:
+    """What the API server serves of DRA, probed once at the host's start."""
+
+    versions: tuple[str, ...]
+    """The ``resource.k8s.io`` versions served, newest first."""
+    taint_rules: str = ""
+    """The served version that has DeviceTaintRule ("": none)."""
+    kept: tuple[str, ...] = ()
+    """The :data:`SLICE_FEATURES` fields it keeps on a ResourceSlice."""
+
+    @property
+    def features(self) -> dict[str, bool]:
+        """Each DRA feature the host looks for: whether the cluster has it."""
+        found = {what: field in self.kept for field, what in SLICE_FEATURES.items()}
+        return found | {"DeviceTaintRule": bool(self.taint_rules)}
+
+
+def feature_probe(node: str, driver: str, field_name: str) -> dict[str, Any]:
+    """A ResourceSlice of one device with the :data:`SLICE_FEATURES` field ``field_name`` set, to
+    create as a dry run: whether the API server keeps it says whether it has the feature."""
+    fields: dict[str, dict[str, Any]] = {
+        "taints": {"taints": [{"key": UNHEALTHY_TAINT, "effect": "NoSchedule"}]},
+        "bindingConditions": {
+            "bindingConditions": ["DevicehostProbe"],
+            "bindingFailureConditions": ["DevicehostProbeFailed"],
+        },
+        "allowMultipleAllocations": {"allowMultipleAllocations": True},
+    }
+    device = fields[field_name]
+    probe = taint_probe(node, driver)
+    probe["spec"]["devices"] = [{"name": "probe", **device}]
+    return probe

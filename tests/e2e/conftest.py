@@ -1,6 +1,6 @@
 """Session fixtures of the end-to-end tests: one real cluster, and the wheels every image uses.
 
-The cluster is the kit's (``../shared/k8s-cluster``, named by $DEVICEHOST_K8S_KIT): ``up.sh`` once
+The cluster is the kit's (a dir outside this repository named by $DEVICEHOST_K8S_KIT): ``up.sh`` once
 per session, ``down.sh`` at the end whatever happened, so no process, mount or pod is left.
 Objects a test created are deleted before ``down.sh`` (the kit keeps etcd across runs).
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from k8skit import KIT_ENV, Kit, kit_dir
+from k8skit import KIT_ENV, ClusterDra, Kit, kit_dir
 
 REPO = Path(__file__).resolve().parents[2]
 GIZMO = REPO / "tests" / "backends" / "devicehost-gizmo"
@@ -47,14 +47,24 @@ def _delete_leftovers(kit: Kit) -> None:
     kit.kubectl("-n", "default", "delete", "resourceclaims", "--all", "--wait=false")
 
 
+@pytest.fixture
+def cdi_in_tmp() -> None:
+    """Not here (tests/support/cdi_guard.py): the cluster these tests drive runs on this machine,
+    and the host they start writes the node's CDI dir, which its runtime reads: that is what they
+    test. The kit's ``down.sh`` leaves the node as it found it."""
+
+
+@pytest.fixture
+def machine_cdi_dirs_untouched() -> None:
+    """Not here either: the node's CDI dir is the cluster's, and these tests change it on purpose."""
+
+
 @pytest.fixture(scope="session")
 def kit(pytestconfig: pytest.Config) -> Iterator[Kit]:
     """The kit's cluster, up for the session; down (``down.sh``) after it, whatever happened."""
     root = kit_dir()
     if root is None:
-        pytest.skip(
-            f"no Kubernetes kit: set {KIT_ENV} to a k8s-cluster kit dir (.ci/run uses ../shared/k8s-cluster)"
-        )
+        pytest.skip(f"no Kubernetes kit: set {KIT_ENV} to a cluster kit dir (with up.sh and down.sh)")
     if os.geteuid() != 0:
         pytest.skip("the k8s kit runs a cluster on this machine and needs root")
     kit = Kit(root)
@@ -66,6 +76,16 @@ def kit(pytestconfig: pytest.Config) -> Iterator[Kit]:
         _delete_leftovers(kit)
     finally:
         kit.timed("cluster down (down.sh)", root / "down.sh", timeout=300)
+
+
+@pytest.fixture(scope="session")
+def dra_cluster(kit: Kit) -> ClusterDra:
+    """The cluster's Kubernetes version and served resource.k8s.io versions; a version the tests
+    do not know (outside 1.34 to 1.37) skips the tests that depend on it, saying which."""
+    try:
+        return kit.dra()
+    except ValueError as exc:
+        pytest.skip(f"the tests know what Kubernetes 1.34 to 1.37 do of DRA: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,9 @@ the example DeviceClass is scheduled and the kubelet calls NodePrepareResources;
 restart and a host restart leave the claim prepared; deleting the pod makes the kubelet call
 NodeUnprepareResources, which releases the widget; the host stopping withdraws the slice.
 Beside it the host serves the gizmo fixture backend through DRA with gizmo-1 unhealthy: with the
-kit's gates (DRADeviceTaints off, the API server drops device taints) gizmo-1 is withdrawn, not
-tainted, and the host says so once (tests/e2e/test_dra_taints.py has the gate on: the taint).
+kit's gates on 1.34 and 1.35 (DRADeviceTaints off, the API server drops device taints) gizmo-1 is
+withdrawn, not tainted, and the host says so once; from 1.36 (the gate on by default) it stays
+with the host's taint (tests/e2e/test_dra_taints.py turns the gate on where it is off).
 Timings go to the session's report (kit.timings).
 """
 
@@ -22,13 +23,15 @@ from typing import Any
 import pytest
 import yaml
 from drahost import DraHost, device_count, dra_config, driver_slices, printed_env
-from k8skit import Kit, until
+from k8skit import ClusterDra, Kit, until
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "example.com"
 LABEL = {"devicehost-e2e": "dra"}
 GIZMO_DRIVER = "gizmos.example.org"
 WITHDRAWN = "unhealthy devices are withdrawn: the API server drops device taints (DRADeviceTaints off)"
+TAINTED = "unhealthy devices stay published with a taint"
+UNHEALTHY = "devicehost.io/unhealthy"
 CLAIMS_FILE = Path("/var/lib/kubelet/plugins") / DRIVER / "devicehost-claims.json"
 
 
@@ -90,16 +93,30 @@ def test_the_widgets_appear_as_a_resource_slice(kit: Kit, host: DraHost) -> None
     assert until(lambda: host.events("registered with the kubelet"), "the kubelet registered the driver", 30)
 
 
-def test_an_unhealthy_device_is_withdrawn_where_the_api_drops_taints(kit: Kit, host: DraHost) -> None:
-    """DRADeviceTaints off (the kit's default): the gizmo its backend reports unhealthy is not
-    published at all, and the host said why, once for the driver."""
-    until(lambda: device_count(kit, GIZMO_DRIVER) == 1, f"a ResourceSlice of {GIZMO_DRIVER}", within=60)
+def test_an_unhealthy_device_is_withdrawn_or_tainted_as_the_api_has_taints(
+    kit: Kit, host: DraHost, dra_cluster: ClusterDra
+) -> None:
+    """DRADeviceTaints off (the kit's default on 1.34, 1.35): the gizmo its backend reports
+    unhealthy is not published at all, and the host said why, once for the driver. On (1.36 and
+    later by default): it stays published with the host's taint, and the host said that once."""
+    until(lambda: device_count(kit, GIZMO_DRIVER) >= 1, f"a ResourceSlice of {GIZMO_DRIVER}", within=60)
     (found,) = driver_slices(kit, GIZMO_DRIVER)
-    assert [d["name"] for d in found["spec"]["devices"]] == ["gizmo-0"], found["spec"]
+    names = [d["name"] for d in found["spec"]["devices"]]
+    if dra_cluster.version.enabled("DRADeviceTaints"):
+        assert names == ["gizmo-0", "gizmo-1"], found["spec"]
+        (tainted,) = [d for d in found["spec"]["devices"] if d.get("taints")]
+        assert tainted["name"] == "gizmo-1"
+        assert tainted["taints"][0]["key"] == UNHEALTHY, tainted
+        said = [e for e in host.events(TAINTED) if e.get("driver") == GIZMO_DRIVER]
+        assert len(said) == 1, said
+        assert not host.events(WITHDRAWN)
+        kit.notes.append(f"DRA (taints on by default in {dra_cluster.version.version}): gizmo-1 tainted")
+        return
+    assert names == ["gizmo-0"], found["spec"]
     assert all("taints" not in d for d in found["spec"]["devices"]), found["spec"]
     said = [e for e in host.events(WITHDRAWN) if e.get("driver") == GIZMO_DRIVER]
     assert len(said) == 1, said
-    assert not host.events("unhealthy devices stay published with a taint")
+    assert not host.events(TAINTED)
     kit.notes.append(f"DRA (taints off): {GIZMO_DRIVER} slice devices {[d['name'] for d in found['spec']['devices']]}; "
                      f"host said: {said[0]['event']}")  # fmt: skip
 

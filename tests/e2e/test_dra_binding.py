@@ -9,11 +9,12 @@ the host's ``BindingConditions=False`` (reason ``Attaching``); once the file is 
 writes it True (reason ``Ready``), the scheduler binds the pod, the kubelet prepares the claim,
 the host adds the GPU's ``data`` (``device_status``), and the container prints its GPU.
 
-In 1.35 DRADeviceBindingConditions is alpha and off; it needs DRAResourceClaimDeviceStatus (beta,
-on by default). Without the gate the API server drops the fields from a slice (checked here with
-a dry-run create before and after the gate is set); a device with binding conditions needs no
-``bindsToNode``. The gate is on for the API server, controller-manager, scheduler and kubelet for
-this module and off after it. Times go to ``kit.timings``, the claim status and the container's
+In 1.34 and 1.35 DRADeviceBindingConditions is alpha and off (beta and on from 1.36); it needs
+DRAResourceClaimDeviceStatus (on by default). Without the gate the API server drops the fields
+from a slice, with it (by default from 1.36) it keeps them (checked here with a dry-run create
+before and after); a device with binding conditions needs no ``bindsToNode``. Where the cluster's
+version keeps the gate off it is on for the API server, controller-manager, scheduler and kubelet
+for this module and off after it. Times go to ``kit.timings``, the claim status and the container's
 GPU lines to ``kit.notes``.
 """
 
@@ -27,15 +28,15 @@ from typing import Any
 
 import pytest
 import yaml
-from drahost import DraHost, container_env, driver_slices, feature_gates, since, wait_running
-from k8skit import Kit, until
+from drahost import DraHost, container_env, driver_slices, since, wait_running
+from k8skit import ClusterDra, Kit, dra_gates, until
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = Path(__file__).resolve().parent / "manifests" / "gpu-binding-conditions.yaml"
 DEVICE_CLASS = REPO / "plugins" / "devicehost-dra-example" / "deploy" / "deviceclass.yaml"
 DRIVER = "gpu.example.com"
 NAMESPACE = "gpu-binding-conditions"
-GATES = {"DRADeviceBindingConditions": True}
+GATE = "DRADeviceBindingConditions"
 HELD = 15.0
 """Seconds the pod is checked to stay unbound while the backend says the GPU is not ready."""
 CONDITIONS = {
@@ -81,12 +82,13 @@ def gates_enabled(kit: Kit) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def gated(kit: Kit) -> Iterator[Kit]:
-    """DRADeviceBindingConditions on for this module (the API server drops the fields before)."""
+def gated(kit: Kit, dra_cluster: ClusterDra) -> Iterator[Kit]:
+    """DRADeviceBindingConditions on for this module (the API server drops the fields before,
+    unless the cluster's version has the gate on by default)."""
     before = kept_by_api_server(kit)
-    kit.notes.append(f"dra-binding gate off: {gates_enabled(kit)}; a dry-run slice device keeps {before}")
-    assert "bindingConditions" not in before, before
-    with feature_gates(kit, GATES, "dra-binding: DRADeviceBindingConditions on (4 daemons restarted)"):
+    kit.notes.append(f"dra-binding before: {gates_enabled(kit)}; a dry-run slice device keeps {before}")
+    assert ("bindingConditions" in before) == dra_cluster.version.enabled(GATE), before
+    with dra_gates(kit, dra_cluster, "dra-binding", [GATE]):
         after = kept_by_api_server(kit)
         kit.notes.append(f"dra-binding gate on: {gates_enabled(kit)}; a dry-run slice device keeps {after}")
         assert {k: after.get(k) for k in CONDITIONS} == CONDITIONS, after

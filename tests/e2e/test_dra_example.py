@@ -26,9 +26,11 @@ import pytest
 import yaml
 from allocations import observed, record
 from drahost import DraHost, container_env, device_count, event_messages, since, wait_running
-from k8skit import Kit, until
+from k8skit import ClusterDra, Kit, dra_gates, until
 
 REPO = Path(__file__).resolve().parents[2]
+GATE = "DRAExtendedResource"
+"""Off by default in 1.34 and 1.35: turned on for the extended-resource scenario there."""
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 DEVICE_CLASS = REPO / "plugins" / "devicehost-dra-example" / "deploy" / "deviceclass.yaml"
 DRIVER = "gpu.example.com"
@@ -272,26 +274,38 @@ def test_an_invalid_claim_config_is_refused_naming_the_key(kit: Kit, host: DraHo
 
 
 @pytest.fixture(scope="module")
-def extended_resources(kit: Kit, host: DraHost) -> Iterator[Kit]:
-    """DRAExtendedResource on for the rest of the module; the kit's gates (none) again after."""
+def extended_resources(kit: Kit, host: DraHost, dra_cluster: ClusterDra) -> Iterator[Kit]:
+    """DRAExtendedResource on for the rest of the module where the cluster's version keeps it off
+    (1.34, 1.35); the kit's gates (none) again after."""
+    restart = bool(dra_cluster.gates(GATE))
     registered = len(host.events("registered with the kubelet"))
-    started = time.monotonic()
-    kit.set_feature_gates({"DRAExtendedResource": True})
     try:
-        until(lambda: len(host.events("registered with the kubelet")) > registered, "registered again", 60)
-        until(lambda: published(kit), "the GPUs published again", within=60)
-        kit.timings["dra-example: DRAExtendedResource on (4 daemons restarted)"] = round(
-            time.monotonic() - started, 1
-        )
-        yield kit
+        with dra_gates(kit, dra_cluster, "dra-example", [GATE]):
+            if restart:
+                until(
+                    lambda: len(host.events("registered with the kubelet")) > registered,
+                    "registered again",
+                    60,
+                )
+                until(lambda: published(kit), "the GPUs published again", within=60)
+            try:
+                yield kit
+            finally:
+                kit.kubectl(
+                    "delete",
+                    "namespace",
+                    "gpu-extended-resource",
+                    "--ignore-not-found",
+                    "--wait=true",
+                    timeout=180,
+                )
+                kit.kubectl("delete", "deviceclass", "gpu-extended.example.com", "--ignore-not-found")
+                registered = len(host.events("registered with the kubelet"))
     finally:
-        kit.kubectl(
-            "delete", "namespace", "gpu-extended-resource", "--ignore-not-found", "--wait=true", timeout=180
-        )
-        kit.kubectl("delete", "deviceclass", "gpu-extended.example.com", "--ignore-not-found")
-        registered = len(host.events("registered with the kubelet"))
-        kit.set_feature_gates({})
-        until(lambda: len(host.events("registered with the kubelet")) > registered, "registered again", 60)
+        if restart:
+            until(
+                lambda: len(host.events("registered with the kubelet")) > registered, "registered again", 60
+            )
 
 
 def test_extended_resource_requests_get_gpus_through_dra(extended_resources: Kit, host: DraHost) -> None:

@@ -1,4 +1,5 @@
-"""DRA behind 1.35's alpha gates, on the real cluster with the gates turned on for this module.
+"""DRA behind gates that 1.34 and 1.35 keep off (on by default from 1.36), on the real cluster with
+the gates turned on for this module where the cluster's version keeps them off.
 
 - ``DRAExtendedResource`` (KEP-5004): a DeviceClass naming ``extendedResourceName`` lets a pod
   that asks for ``example.com/widget: 1`` be given a widget through DRA; the scheduler makes the
@@ -6,8 +7,8 @@
 - ``ResourceHealthStatus``: the kubelet streams device health from the host's
   DRAResourceHealth service into the pod's status (``allocatedResourcesStatus``).
 
-The gates go on for the API server, controller-manager, scheduler and kubelet at the start and
-off again at the end (the kit starts them without any).
+Where needed the gates go on for the API server, controller-manager, scheduler and kubelet at
+the start and off again at the end (the kit starts them without any).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any
 
 import pytest
 import yaml
-from drahost import DraHost, dra_config, feature_gates
-from k8skit import Kit, pod_manifest, until
+from drahost import DraHost, dra_config
+from k8skit import ClusterDra, Kit, dra_gates, pod_manifest, until
 
 REPO = Path(__file__).resolve().parents[2]
-GATES = {"DRAExtendedResource": True, "ResourceHealthStatus": True}
+GATES = ("DRAExtendedResource", "ResourceHealthStatus")
 LABEL = {"devicehost-e2e": "dra-gates"}
 GIZMO_CLASS = {
     "apiVersion": "resource.k8s.io/v1",
@@ -42,8 +43,8 @@ def host_config(node: str, unhealthy: list[str]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def gated(kit: Kit) -> Iterator[Kit]:
-    with feature_gates(kit, GATES, "DRA gates on (4 daemons restarted)"):
+def gated(kit: Kit, dra_cluster: ClusterDra) -> Iterator[Kit]:
+    with dra_gates(kit, dra_cluster, "dra-gates", GATES):
         yield kit
 
 

@@ -8,9 +8,10 @@ another. The scheduler, not the host, keeps the sum within the counters: while t
 held the full GPU cannot be allocated (the pod stays Pending with FailedScheduling), two more
 partitions still can (80Gi in all), and once the partition pods are gone the full GPU runs.
 
-DRAPartitionableDevices is beta and off by default in 1.35: it is turned on for the API server,
-controller-manager, scheduler and kubelet for this module and off again after it (without it the
-API server drops ``sharedCounters``/``consumesCounters`` from the slices). Times to Running go to
+DRAPartitionableDevices is beta and off by default in 1.35 (on from 1.36): where the cluster's
+version keeps it off it is turned on for the API server, controller-manager, scheduler and kubelet
+for this module and off again after it (without it the API server drops
+``sharedCounters``/``consumesCounters`` from the slices). Times to Running go to
 ``kit.timings``, the ``GPU_DEVICE_*`` lines each container printed to ``kit.notes``.
 """
 
@@ -25,9 +26,9 @@ from typing import Any
 import pytest
 import yaml
 from allocations import observed, record, record_refusal
-from drahost import DraHost, container_env, driver_slices, feature_gates, first_event, since
+from drahost import DraHost, container_env, driver_slices, first_event, since
 from drahost import wait_running as pods_running
-from k8skit import Kit, until
+from k8skit import ClusterDra, Kit, dra_gates, until
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = Path(__file__).resolve().parent / "manifests" / "gpu-partitions.yaml"
@@ -35,7 +36,7 @@ DEVICE_CLASS = REPO / "plugins" / "devicehost-dra-example" / "deploy" / "devicec
 DRIVER = "gpu.example.com"
 NAMESPACE = "gpu-partitions"
 SETTINGS = {"dra-example": {"num_gpus": 1, "gpu_partitions": 4}}
-GATES = {"DRAPartitionableDevices": True}
+GATES = ("DRAPartitionableDevices",)
 PARTITIONS = [f"gpu-0-partition-{j}" for j in range(4)]
 PARTITION_KEY = re.compile(r"^GPU_DEVICE_0_PARTITION_(\d+)$")
 
@@ -55,9 +56,10 @@ def delete_pods(kit: Kit, *pods: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gated(kit: Kit) -> Iterator[Kit]:
-    """DRAPartitionableDevices on for this module; the kit's gates (none) again after it."""
-    with feature_gates(kit, GATES, "dra-partitions: DRAPartitionableDevices on (4 daemons restarted)"):
+def gated(kit: Kit, dra_cluster: ClusterDra) -> Iterator[Kit]:
+    """DRAPartitionableDevices on for this module where the cluster's version keeps it off; the
+    kit's gates (none) again after it."""
+    with dra_gates(kit, dra_cluster, "dra-partitions", GATES):
         yield kit
 
 

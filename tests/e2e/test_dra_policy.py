@@ -6,8 +6,10 @@ The component's ServiceAccount, ClusterRole, binding and ValidatingAdmissionPoli
 bound to it (as the kubelet projects one into the DaemonSet's pod, with the node's name in it)
 is used to create, replace and delete slices: its own node's pass, another node's are refused
 with the policy's message, and so is a token bound to no pod. The same token writes the
-status.devices of a claim allocated on its node, and is refused for a claim allocated on another
-node and for a change of a claim's reservedFor. Nothing of the host runs here.
+status.devices of a claim allocated on its node (on 1.36 and later the API server also asks for
+``resourceclaims/driver`` ``associated-node:update``, which the ClusterRole grants), and is refused
+for a claim allocated on another node and for a change of a claim's reservedFor. Nothing of the
+host runs here.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ one partition. Each container must show the device, the capacity its claim took 
 ID, the one the scheduler wrote into the claim's allocation. The scheduler, not the host, keeps the
 shares within the capacity: a claim for more than is left stays Pending.
 
-DRAConsumableCapacity is alpha in 1.35 and DRAPartitionableDevices beta and off; both are turned
-on for this module and off again after it (without the first the API server drops
-``allowMultipleAllocations`` and the capacity requests).
+DRAConsumableCapacity is alpha in 1.35 and DRAPartitionableDevices beta and off (both on by
+default from 1.36); where the cluster's version keeps them off they are turned on for this module
+and off again after it (without the first the API server drops ``allowMultipleAllocations`` and
+the capacity requests).
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from typing import Any
 import pytest
 import yaml
 from allocations import observed, record, record_refusal
-from drahost import DraHost, container_env, driver_slices, feature_gates, first_event, since, wait_running
-from k8skit import Kit, until
+from drahost import DraHost, container_env, driver_slices, first_event, since, wait_running
+from k8skit import ClusterDra, Kit, dra_gates, until
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = Path(__file__).resolve().parent / "manifests" / "dra-shares.yaml"
 DEPLOY = REPO / "plugins" / "devicehost-dra-example" / "deploy"
 CLASSES = (DEPLOY / "deviceclass.yaml", DEPLOY / "net-deviceclass.yaml")
 NAMESPACE = "dra-shares"
-GATES = {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True}
+GATES = ("DRAConsumableCapacity", "DRAPartitionableDevices")
 GPU, NET = "gpu.example.com", "net.example.com"
 
 
@@ -74,8 +75,8 @@ def delete_pods(kit: Kit, *pods: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gated(kit: Kit) -> Iterator[Kit]:
-    with feature_gates(kit, GATES, "dra-shares: DRAConsumableCapacity, DRAPartitionableDevices on"):
+def gated(kit: Kit, dra_cluster: ClusterDra) -> Iterator[Kit]:
+    with dra_gates(kit, dra_cluster, "dra-shares", GATES):
         for path in CLASSES:
             kit.kubectl("apply", "-f", str(path))
         kit.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=180)

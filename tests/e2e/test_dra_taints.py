@@ -10,13 +10,16 @@ are ``manifests/gpu-taint-*.yaml``, one namespace each, every rule tainting all 
 as the reference's do, but for ``gpu-taint-one-device``, whose rule names one GPU by driver, pool
 and device.
 
-The API needs alpha gates in 1.35: DRADeviceTaints (taints and tolerations) and
-DRADeviceTaintRules (the DeviceTaintRule API and its eviction controller), on the API server,
-controller-manager, scheduler and kubelet, and ``--runtime-config=resource.k8s.io/v1alpha3=true``
-on the API server (the version that serves ``devicetaintrules`` here; the reference's manifests
-say v1beta2). Both are set for this module and taken away after it. DRADeviceTaints alone is
-not enough: the API server serves and accepts the rules, but the NoSchedule rule kept no pod off
-its GPUs (no FailedScheduling within 90 s; tried on v1.35.6). Times go to
+The API needs what the cluster's version keeps off (``ClusterDra``, from the stand-ins' version
+table): on 1.35 the alpha gates DRADeviceTaints (taints and tolerations) and DRADeviceTaintRules
+(the DeviceTaintRule API and its eviction controller), on the API server, controller-manager,
+scheduler and kubelet, and ``--runtime-config=resource.k8s.io/v1alpha3=true`` on the API server;
+on 1.36 DRADeviceTaintRules and ``resource.k8s.io/v1beta2`` (DRADeviceTaints is on, and with the
+gate on but v1beta2 not served the 1.36 scheduler schedules no DRA pod at all); on 1.37 nothing
+(``resource.k8s.io/v1``). The manifests' rules are written in that version. What is set is set
+for this module and taken away after it. DRADeviceTaints alone is not enough on 1.35: the API
+server serves and accepts the rules, but the NoSchedule rule kept no pod off its GPUs (no
+FailedScheduling within 90 s; tried on v1.35.6). Times go to
 ``kit.timings``, what the containers printed, the scheduler's and the eviction controller's
 messages to ``kit.notes``.
 
@@ -56,7 +59,7 @@ from drahost import (
     since,
     wait_running,
 )
-from k8skit import Kit, until
+from k8skit import ClusterDra, Kit, until
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
@@ -64,8 +67,7 @@ DEVICE_CLASS = REPO / "plugins" / "devicehost-dra-example" / "deploy" / "devicec
 DRIVER = "gpu.example.com"
 GPUS = 3
 SETTINGS = {"dra-example": {"num_gpus": GPUS}}
-GATES = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}
-APIS = {"resource.k8s.io/v1alpha3": True}
+TAINT_GATES = ("DRADeviceTaints", "DRADeviceTaintRules")
 LABEL = "devicehost-e2e=dra-taints"
 GPU_KEY = re.compile(r"^GPU_DEVICE_(\d+)$")
 EVICTION = "DeviceTaintManagerEviction"
@@ -98,10 +100,17 @@ def delete_scenarios(kit: Kit) -> None:
 
 
 @pytest.fixture(scope="module")
-def gated(kit: Kit) -> Iterator[Kit]:
-    """DRADeviceTaints and DRADeviceTaintRules on, resource.k8s.io/v1alpha3 served, for this
-    module; the kit's gates and API versions (none) again after it."""
-    with feature_gates(kit, GATES, "dra-taints: gates + v1alpha3 on (4 daemons restarted)", APIS):
+def gated(kit: Kit, dra_cluster: ClusterDra) -> Iterator[Kit]:
+    """Device taints and DeviceTaintRules on for this module, with what the cluster's version
+    needs for them (nothing on 1.37); the kit's gates and API versions (none) again after it."""
+    gates = dra_cluster.gates(*TAINT_GATES)
+    apis = dra_cluster.runtime_config(dra_cluster.taint_rule_api)
+    if not gates and not apis:
+        until(lambda: _serves_rules(kit), "the API server serving devicetaintrules", within=60)
+        yield kit
+        return
+    what = f"dra-taints: {', '.join([*gates, *apis])} on (4 daemons restarted)"
+    with feature_gates(kit, gates, what, apis or None):
         until(lambda: _serves_rules(kit), "the API server serving devicetaintrules", within=60)
         yield kit
 
@@ -140,6 +149,10 @@ def scenario(kit: Kit, name: str) -> Iterator[dict[str, dict[str, Any]]]:
     """``manifests/<name>.yaml``'s documents by name; its rule and namespace deleted after the
     scenario whatever happened."""
     docs = [d for d in yaml.safe_load_all((MANIFESTS / f"{name}.yaml").read_text()) if d]
+    api = kit.dra().taint_rule_api
+    for doc in docs:  # the manifests say v1alpha3: the version this cluster has them in
+        if doc["kind"] == "DeviceTaintRule":
+            doc["apiVersion"] = f"resource.k8s.io/{api}"
     try:
         by_kind = {"Namespace", "DeviceTaintRule"}  # one each: found by kind, the rest by name
         yield {d["kind"] if d["kind"] in by_kind else d["metadata"]["name"]: d for d in docs}

@@ -1,7 +1,8 @@
 """The real kubelet's device manager (``dpharness``), skipped with the reason when it is not here.
 
 Run with ``tox -e kubelet`` (or ``pytest -m kubelet tests/kubelet``) and ``DEVICEHOST_KUBELET_PEER``
-naming the dir ``../shared/kubelet-peer/unpack.sh`` printed. Every module here is marked
+naming a kubelet harness: a dir holding the ``dpharness`` and ``stubplugin`` executables (not in
+this repository; without it every test is skipped with the reason). Every module here is marked
 ``kubelet``, which the default envs deselect (``-m "not kubelet"`` in tox.ini).
 """
 

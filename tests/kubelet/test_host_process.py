@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
+from cdi_guard import child_environ
 from dpharness import DpHarness
 from hostfakes import socket_files
 
@@ -21,7 +21,7 @@ WIDGET = "example.com/widget"
 
 def example_env(widgets: int) -> Mapping[str, str]:
     """The child's environment: the example backend with ``widgets`` widgets."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    clean = child_environ()
     return {
         **clean,
         "DEVICEHOST_EXAMPLE_RESOURCES": f"{WIDGET}={widgets}",

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
+from cdi_guard import child_environ
 from faultkit import Ledger, wait_until
 from hostfakes import install_fake_distribution
 
@@ -184,7 +185,7 @@ def record(tmp_path: Path) -> Record:
 def site(tmp_path: Path, record: Record) -> tuple[Path, dict[str, str]]:
     """A site dir for fake backends and the environment that puts it on PYTHONPATH."""
     directory = tmp_path / "site"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEHOST_")}
+    env = child_environ()
     env["PYTHONPATH"] = os.pathsep.join([str(directory), *sys.path])
     env["DH_SIGNALS_RECORD"] = str(record.path)
     return directory, env

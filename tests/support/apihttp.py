@@ -72,7 +72,12 @@ class ApiHttp:
         app.router.add_post(RESOURCE + "/resourceslices", self.create)
         app.router.add_put(RESOURCE + "/resourceslices/{name}", self.replace)
         app.router.add_delete(RESOURCE + "/resourceslices/{name}", self.delete)
+        app.router.add_get("/apis/resource.k8s.io/{version}/{plural}", self.not_served)
         return app
+
+    async def not_served(self, request: web.Request) -> web.Response:
+        """Any other version or kind of resource.k8s.io: not served (what the host probes for)."""
+        return status(NotFound(f"the server could not find the requested resource ({request.path})"))
 
     async def node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -107,10 +112,7 @@ class ApiHttp:
         wanted = fields(request)
         node, driver = wanted.get("spec.nodeName", ""), wanted.get("spec.driver", "")
         if request.query.get("watch") in ("true", "1"):
-            deleted = self.api.slice_deletions(node, driver)
-            return await self._stream(
-                request, (("DELETED", gone(name, node, driver)) async for name in deleted)
-            )
+            return await self._stream(request, self.api.slice_events(node, driver))
         found = [
             body
             for body in self.api.stored.values()
@@ -162,18 +164,6 @@ class ApiHttp:
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         return response
-
-
-def gone(name: str, node: str, driver: str) -> dict[str, Any]:
-    """A deleted slice as a watch shows it (the stand-in keeps only its name)."""
-    pool = {"name": "", "generation": 0, "resourceSliceCount": 1}
-    spec = {"driver": driver, "nodeName": node, "pool": pool}
-    return {
-        "apiVersion": SLICE_API_VERSION,
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 def gone_claim(claim: ClaimAllocation) -> dict[str, Any]:

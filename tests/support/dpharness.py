@@ -1,7 +1,7 @@
 """A typed client of ``dpharness``: the real kubelet 1.32 device manager under JSON lines.
 
-``dpharness`` and ``stubplugin`` come from ``../shared/kubelet-peer/`` (its ``unpack.sh`` prints
-the dir they were unpacked to); ``DEVICEHOST_KUBELET_PEER`` names that dir. Everything here is
+``dpharness`` and ``stubplugin`` come from a kubelet harness outside this repository;
+``DEVICEHOST_KUBELET_PEER`` names the dir holding both executables. Everything here is
 a real process on real unix sockets; the protocol is the peer's README::
 
     async with dpharness(peer, directory) as kubelet:
@@ -34,7 +34,7 @@ def peer_dir() -> tuple[Path | None, str]:
     """The dir holding ``dpharness`` and ``stubplugin``, or None and why it is not usable."""
     value = os.environ.get(PEER_ENV)
     if not value:
-        return None, f"{PEER_ENV} is not set (the dir ../shared/kubelet-peer/unpack.sh prints)"
+        return None, f"{PEER_ENV} is not set (a dir holding the dpharness and stubplugin executables)"
     missing = [name for name in BINARIES if not os.access(Path(value) / name, os.X_OK)]
     if missing:
         return None, f"{PEER_ENV}={value} has no executable {', '.join(missing)}"

@@ -12,7 +12,7 @@ import structlog
 import structlog.testing
 
 import devicehost
-from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Resource
+from devicehost import ContainerAllocation, Device, DeviceSpec, Health, Resource, cdi
 from devicehost.host.app import running
 from devicehost.host.backends.backend import Backend
 from devicehost.host.config import HostConfig
@@ -113,6 +113,7 @@ async def running_host(
     settings.setdefault("hook_timeout", 2.0)
     failed = settings.pop("failed_backends", None)
     settings.setdefault("pod_resources_socket", beside_kubelet(directory))
+    settings.setdefault("cdi_dir", cdi.default_dir())  # the test's own (tests/support/cdi_guard.py)
     config = HostConfig(device_plugins_dir=directory, **settings)
     loaded = [Backend(name, plugin, config.hook_timeout) for name, plugin in backends.items()]
     async with running(config, loaded, failed_backends=failed) as host:

@@ -1,4 +1,4 @@
-"""The real single-node cluster of ``../shared/k8s-cluster`` (the kit), as the e2e tests drive it.
+"""The real single-node cluster of the kit named by ``$DEVICEHOST_K8S_KIT``, as the e2e tests drive it.
 
 The kit's own scripts do the work (``up.sh``, ``down.sh``, ``images/*.sh``); this module runs
 them, runs the kit's ``kubectl`` with its kubeconfig, and waits on cluster state with bounded
@@ -14,10 +14,12 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from devicehost.standin.versions import FEATURES, KubernetesVersion, parse
 
 KIT_ENV = "DEVICEHOST_K8S_KIT"
 """Names the kit's directory; unset, the e2e tests are skipped."""
@@ -110,6 +112,60 @@ def kit_dir() -> Path | None:
     return path if (path / "up.sh").is_file() and (path / "down.sh").is_file() else None
 
 
+@dataclass(frozen=True)
+class ClusterDra:
+    """What the kit's cluster is of DRA: its Kubernetes version (as the stand-ins' table,
+    ``devicehost.standin.versions``, knows it) and the ``resource.k8s.io`` versions it serves."""
+
+    version: KubernetesVersion
+    served: frozenset[str]
+    """``resource.k8s.io`` versions served now (``v1``, ``v1beta2``, ...)."""
+
+    def gates(self, *gates: str) -> dict[str, bool]:
+        """Of ``gates``, those this version has but keeps off by default: the ones to turn on."""
+        return {g: True for g in gates if not self.version.enabled(g) and _has(self.version, g)}
+
+    @property
+    def taint_rule_api(self) -> str:
+        """The ``resource.k8s.io`` version to write DeviceTaintRules in: the newest that has them
+        (1.34, 1.35: v1alpha3; 1.36: v1beta2; 1.37: v1)."""
+        return next(v for v in ("v1", "v1beta2", "v1alpha3") if v in self.version.taint_rule_versions)
+
+    def runtime_config(self, *versions: str) -> dict[str, bool]:
+        """``--runtime-config`` entries serving ``versions`` of resource.k8s.io (none served already)."""
+        return {f"resource.k8s.io/{v}": True for v in versions if v not in self.served}
+
+
+@contextlib.contextmanager
+def dra_gates(
+    kit: Kit, dra: ClusterDra, what: str, gates: Sequence[str], apis: Sequence[str] = ()
+) -> Iterator[dict[str, bool]]:
+    """For the block, turn on those of ``gates`` the cluster's version keeps off and serve those of
+    ``apis`` (resource.k8s.io versions) it does not: the four daemons restart only when something
+    is missing, and again after the block with the kit's gates (none). Yields what was turned on
+    (empty: the version has it all by default); the restart's time goes to kit.timings."""
+    needed, served = dra.gates(*gates), dra.runtime_config(*apis)
+    if not needed and not served:
+        kit.notes.append(
+            f"{what}: {', '.join(gates)} on by default in {dra.version.version}, nothing restarted"
+        )
+        yield {}
+        return
+    started = time.monotonic()
+    kit.set_feature_gates(needed, runtime_config=served or None)
+    kit.timings[f"{what}: {', '.join([*needed, *served])} on (4 daemons restarted)"] = round(
+        time.monotonic() - started, 1
+    )
+    try:
+        yield needed | served
+    finally:
+        kit.set_feature_gates({}, runtime_config={} if served else None)
+
+
+def _has(version: KubernetesVersion, gate: str) -> bool:
+    return any(f.gate == gate and version.version in f.stages for f in FEATURES)
+
+
 @dataclass
 class Kit:
     """One kit directory; the cluster it runs is this machine's only cluster."""
@@ -181,6 +237,16 @@ class Kit:
             return have[1] == allocatable and capacity in (None, have[0])
 
         until(reached, f"{name}: capacity {capacity}, allocatable {allocatable}", within)
+
+    def dra(self) -> ClusterDra:
+        """The cluster's version and served ``resource.k8s.io`` versions, read from the API server.
+        ValueError (naming the version) for one outside 1.34 to 1.37, which the tests do not know."""
+        server = json.loads(self.kubectl("version", "-o", "json"))["serverVersion"]
+        minor = "".join(ch for ch in server["minor"] if ch.isdigit())
+        version = parse(f"{server['major']}.{minor}")
+        groups = self.kubectl("api-versions").split()
+        served = frozenset(g.partition("/")[2] for g in groups if g.startswith("resource.k8s.io/"))
+        return ClusterDra(version, served)
 
     def set_feature_gates(
         self, gates: Mapping[str, bool], runtime_config: Mapping[str, bool] | None = None

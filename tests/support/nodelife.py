@@ -105,7 +105,7 @@ class Node:
             env["DEVICEHOST_KILL_AT"] = kill_at
         plugins = self.root / "device-plugins"
         host = await self._stack.enter_async_context(
-            host_process(plugins, backends, config_file=config, env=env)
+            host_process(plugins, backends, config_file=config, env=env, cdi_dir=self.cdi)
         )
         self.host = host
         return host

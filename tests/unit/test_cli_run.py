@@ -32,6 +32,7 @@ class Served:
         reload_config: Callable[[], HostConfig] | None = None,
         config_file: Path | None = None,
         metrics_listener: socket.socket | None = None,
+        kubernetes_version: str | None = None,
     ) -> None:
         self.calls.append(
             {
@@ -41,6 +42,7 @@ class Served:
                 "reload_config": reload_config,
                 "config_file": config_file,
                 "metrics_listener": metrics_listener,
+                "kubernetes_version": kubernetes_version,
             }
         )
         if metrics_listener is not None:
@@ -234,3 +236,18 @@ def test_simulate_skips_the_socket_dir_checks(
     assert call["failed_backends"] == {}
     assert call["config_file"] is None
     assert call["reload_config"]() == call["config"]
+    assert call["kubernetes_version"] is None  # the stand-ins' default: 1.35
+
+
+def test_simulate_takes_a_kubernetes_version_and_nothing_else_does(
+    run_host: Served, run_simulated: Served, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--simulate-kubelet", "--kubernetes-version", "1.37", "--backend", "example"])
+    assert exited.value.code == 0
+    assert run_simulated.calls[0]["kubernetes_version"] == "1.37"
+    assert main(["run", "--kubernetes-version", "1.36", "--backend", "example"]) == 2
+    assert "--kubernetes-version applies only with --simulate-kubelet" in capfd.readouterr().err
+    assert main(["run", "--simulate-kubelet", "--kubernetes-version", "1.33", "--backend", "example"]) == 2
+    assert "Kubernetes version '1.33' is not one of 1.34, 1.35, 1.36, 1.37" in capfd.readouterr().err
+    assert run_host.calls == []

@@ -49,8 +49,9 @@ class GpuConfig(BaseModel):
     sharing: Sharing = Sharing()
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def cdi_dir(tmp_path: Path) -> Iterator[Path]:
+    """Every test's claim specs go to its own dir: a test that asks for no dir writes none elsewhere."""
     previous = cdi.default_dir()
     cdi.set_default_dir(tmp_path / "cdi")
     yield tmp_path / "cdi"

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from unittest.mock import patch
 
 from devicehost import Device, Health, Version
+from devicehost.hookspecs.rules import device_problem
+from devicehost.host.dra import pci
 from devicehost.host.dra.cluster import SLICE_API_VERSION
 from devicehost.host.dra.names import device_name
 from devicehost.host.dra.slices import device_entry, same_devices, slice_body, slice_spec
@@ -36,6 +40,7 @@ def test_the_built_in_attributes_come_first() -> None:
         ("numaNode", {"int": 1}),
         ("group", {"string": "card-0"}),
         ("model", {"string": "w2"}),
+        ("resource.kubernetes.io/numaNode", {"int": 1}),  # the standard name too, last
     ]
 
 
@@ -44,6 +49,41 @@ def test_numa_node_is_published_only_for_exactly_one_node() -> None:
     assert "numaNode" not in device_entry(Device("w0", numa_nodes=(0, 1)))["attributes"]
     assert device_entry(Device("w0", numa_nodes=(0,)))["attributes"]["numaNode"] == {"int": 0}
     assert "group" not in device_entry(Device("w0"))["attributes"]
+
+
+def test_the_standard_attributes_follow_what_the_host_knows(tmp_path: Path) -> None:
+    standard = "resource.kubernetes.io/"
+    assert not [
+        n for n in device_entry(Device("w0", numa_nodes=(0, 1)))["attributes"] if n.startswith(standard)
+    ]
+    (tmp_path / "devices" / "pci0000:3a" / "0000:3a:00.0" / "0000:3b:00.0").mkdir(parents=True)
+    (tmp_path / "bus" / "pci" / "devices").mkdir(parents=True)
+    (tmp_path / "bus" / "pci" / "devices" / "0000:3b:00.0").symlink_to(
+        tmp_path / "devices" / "pci0000:3a" / "0000:3a:00.0" / "0000:3b:00.0"
+    )
+    with patch.object(pci, "SYSFS", tmp_path):
+        pci.pcie_root.cache_clear()
+        try:
+            attributes = device_entry(Device("g0", numa_nodes=(1,), pci_bus_id="0000:3b:00.0"))["attributes"]
+            elsewhere = device_entry(Device("g1", pci_bus_id="0000:5e:00.0"))["attributes"]  # not in sysfs
+        finally:
+            pci.pcie_root.cache_clear()
+    assert {n: v for n, v in attributes.items() if n.startswith(standard)} == {
+        standard + "numaNode": {"int": 1},
+        standard + "pciBusID": {"string": "0000:3b:00.0"},
+        standard + "pcieRoot": {"string": "pci0000:3a"},
+    }
+    assert elsewhere[standard + "pciBusID"] == {"string": "0000:5e:00.0"}
+    assert standard + "pcieRoot" not in elsewhere
+
+
+def test_a_pci_address_not_as_sysfs_names_it_is_refused() -> None:
+    assert device_problem(Device("g0", pci_bus_id="0000:3b:00.0")) is None
+    problem = device_problem(Device("g0", pci_bus_id="3b:00.0"))
+    assert (
+        problem
+        == "device 'g0': pci_bus_id '3b:00.0' must be a PCI address as sysfs names it, such as '0000:3b:00.0'"
+    )
 
 
 def test_capacity_is_published_as_quantities() -> None:

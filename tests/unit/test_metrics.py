@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from devicehost.host.dra.stats import DriverStats, Timings
 from devicehost.host.ops.metrics import HostMetrics
-from devicehost.host.state import BackendState, HostState, KubeletState, ResourceState
+from devicehost.host.state import BackendState, DraState, HostState, KubeletState, ResourceState
 
 WIDGET = "example.com/widget"
 GADGET = "example.com/gadget"
@@ -256,3 +257,42 @@ def test_observer_keeps_the_buckets_of_today(metrics: HostMetrics) -> None:
         "10.0",
         "+Inf",
     ]
+
+
+def test_dra_drivers_report_the_reference_drivers_families_once_per_driver() -> None:
+    stats = DriverStats()
+    stats.claims("prepare", [True, True, False], 0.02)
+    stats.claims("unprepare", [True], 0.3)
+    stats.health([("p", "d0", True)])
+    stats.health([("p", "d0", False)])
+    publish = Timings()
+    publish.observe(0.04)
+    calls = stats.snapshot(5, publish)
+    dra = DraState("gpu.example.com", True, True, "node-a-gpu", 2, calls=calls)
+    resources = tuple(
+        dataclasses.replace(STATE.resources[0], name=name, dra=dra)
+        for name in ("example.com/a", "example.com/b")
+    )  # two resources of one driver: counted once
+    metrics = HostMetrics()
+    metrics.watch(lambda: dataclasses.replace(STATE, resources=resources))
+    d = 'driver="gpu.example.com"'
+    assert samples(metrics, "devicehost_prepare_claims") == [
+        f'devicehost_prepare_claims_total{{{d},result="error"}} 1.0',
+        f'devicehost_prepare_claims_total{{{d},result="success"}} 2.0',
+    ]
+    text = lines(metrics)
+    assert f'devicehost_prepare_claim_duration_seconds_bucket{{{d},le="0.01",result="success"}} 0.0' in text
+    assert f'devicehost_prepare_claim_duration_seconds_bucket{{{d},le="0.025",result="success"}} 2.0' in text
+    assert f'devicehost_prepare_claim_duration_seconds_bucket{{{d},le="+Inf",result="success"}} 2.0' in text
+    assert f'devicehost_unprepare_claim_duration_seconds_sum{{{d},result="success"}} 0.3' in text
+    assert f"devicehost_dra_slice_writes_total{{{d}}} 5.0" in text
+    assert f'devicehost_dra_publish_duration_seconds_bucket{{{d},le="0.05"}} 1.0' in text
+    assert f'devicehost_dra_health_transitions_total{{{d},health="Unhealthy"}} 1.0' in text
+    assert f'devicehost_dra_health_transitions_total{{{d},health="Healthy"}} 0.0' in text
+    empty = HostMetrics()
+    empty.watch(lambda: dataclasses.replace(STATE, resources=()))
+    for family, kind in (
+        ("devicehost_prepare_claims_total", "counter"),
+        ("devicehost_unprepare_claim_duration_seconds", "histogram"),
+    ):
+        assert f"# TYPE {family} {kind}" in lines(empty)  # declared without any driver

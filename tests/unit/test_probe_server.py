@@ -118,7 +118,10 @@ async def test_readyz_follows_discovery_and_registration(
     host: FakeHost, client: aiohttp.ClientSession
 ) -> None:
     beta = "  backend beta: not loaded: import failed\n"
-    assert await get(client, "/readyz") == (503, "not ready:\n  host: discovery has not run yet\n" + beta)
+    assert await get(client, "/readyz") == (
+        503,
+        "not ready:\n  host: the first discovery is not done (its resources are not all served yet)\n" + beta,
+    )
     host.state = dataclasses.replace(host.state, backends=host.state.backends[:1])
 
     host.serve(resource(WIDGET, registered=False), resource(GADGET, registered=False))

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from devicehost.standin.admission import Admission, available_ids, count_problem, fill_up, ids_problem
+from devicehost.standin.admission import Admission, count_problem, fill_up, ids_problem
 from devicehost.standin.events import EventLog
 from devicehost.standin.model import AdmissionError, DeviceView
 from devicehost.standin.registry import ResourceRecord, ResourceRegistry
@@ -31,7 +31,7 @@ def test_available_ids_are_healthy_unallocated_and_in_list_order() -> None:
         ),
         allocated={"w0"},
     )
-    assert available_ids(record) == ["w3", "w2"]
+    assert record.available_ids() == ["w3", "w2"]
 
 
 @pytest.mark.parametrize(

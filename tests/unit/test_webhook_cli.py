@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
 
 from devicehost.host.cli import main, parse
+from devicehost.host.config import HostConfig
 
 
 @pytest.mark.parametrize(
@@ -54,3 +56,19 @@ def test_webhook_cert_ignores_the_hosts_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("DEVICEHOST_LOG_LEVEL", "nonsense")  # a broken host config is not its business
     assert main(["webhook-cert", "--out-dir", str(tmp_path), "--ip-address", "127.0.0.1"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+
+
+def test_webhook_cert_writes_the_three_files_and_prints_the_ca_bundle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devicehost.host.cli.cmd_webhook import webhook_cert_command
+
+    args = parse(
+        ["webhook-cert", "--out-dir", str(tmp_path / "tls"), "--no-service-names", "--dns-name", "hook"]
+    )
+    assert webhook_cert_command(args, HostConfig()) == 0
+    out, err = capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "tls").iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+    assert base64.b64decode(out.strip()) == (tmp_path / "tls" / "ca.crt").read_bytes()
+    assert err.startswith(f"wrote {tmp_path / 'tls' / 'ca.crt'}, ")
+    assert err.rstrip().endswith("for hook; the caBundle follows on stdout")

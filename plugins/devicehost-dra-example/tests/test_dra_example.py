@@ -4,6 +4,7 @@ the in-memory API server. The same scenarios run on the real cluster in tests/e2
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -51,9 +52,19 @@ async def served(
         cdi_dir=root / "cdi",
         device_release=False,
     ):
+        endpoint = await registered(root, DRIVER)
         await cluster.wait(lambda c: len(c.stored) == slices)
-        (socket,) = (root / "registry").glob(f"devicehost-{DRIVER}-*.sock")
-        yield (await registered_endpoint(socket)).endpoint
+        yield endpoint
+
+
+async def registered(root: Path, driver: str) -> str:
+    """Register ``driver`` as the kubelet's plugin watcher does (its slices are published only
+    after that); its DRA endpoint."""
+    async with asyncio.timeout(5):
+        while not (sockets := list((root / "registry").glob(f"devicehost-{driver}-*.sock"))):
+            await asyncio.sleep(0.01)
+    (socket,) = sockets
+    return str((await registered_endpoint(socket)).endpoint)
 
 
 def container_env(root: Path, cdi_ids: list[str]) -> dict[str, str]:
@@ -289,10 +300,9 @@ async def test_two_claims_share_one_nic_each_with_its_bandwidth(root: Path) -> N
         cdi_dir=root / "cdi",
         device_release=False,
     ):
+        where = await registered(root, NET_DRIVER)
         await cluster.wait(lambda c: len(c.stored) == 1)
         (body,) = cluster.stored.values()
-        (socket,) = (root / "registry").glob(f"devicehost-{NET_DRIVER}-*.sock")
-        where = (await registered_endpoint(socket)).endpoint
         fast = cluster.allocate(
             NET_DRIVER, request="nic", consumed={"ingressBandwidth": "10G", "egressBandwidth": "5G"},
             config=NET_CONFIG | {"bwBurst": {"ingressBurst": 800}},

@@ -36,6 +36,7 @@ _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _CDI_KIND = re.compile(rf"{_DNS1123_SUBDOMAIN.pattern}/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 BUILT_IN_ATTRIBUTES = {"id": "ID", "numaNode": "NUMA node", "group": "group"}
 """DRA attributes the host publishes for every device; a backend's attributes may not reuse them."""
+_PCI_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:]*[A-Za-z0-9])?")
 SERVE_THROUGH = (None, "device-plugin", "dra", "both")
@@ -273,8 +274,15 @@ def device_problem(device: Device) -> str | None:
         or _capacity_problem(device.capacity, device.allow_multiple_allocations)
         or _counters_problem(device.consumes, "consumed counter set")
         or binding_conditions_problem(device)
+        or _pci_problem(device.pci_bus_id)
     )
     return f"device {device.id!r}: {problem}" if problem else None
+
+
+def _pci_problem(bus_id: object) -> str | None:
+    if bus_id is None or (isinstance(bus_id, str) and _PCI_BUS_ID.fullmatch(bus_id)):
+        return None
+    return f"pci_bus_id {bus_id!r:.100} must be a PCI address as sysfs names it, such as '0000:3b:00.0'"
 
 
 def _attributes_problem(attributes: object) -> str | None:

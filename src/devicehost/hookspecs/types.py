@@ -142,6 +142,11 @@ class Device:
         attached, say). Needs ``binding_failure_conditions`` too.
     :param binding_failure_conditions: DRA only: condition types (at most 4, none of the binding
         conditions) that, once True, make the scheduler give the device up and place the pod anew.
+    :param health_message: DRA only: why the device has its health, for people: the kubelet's
+        DRA health stream carries it to the pod's ``allocatedResourcesStatus``.
+    :param pci_bus_id: DRA only: the device's PCI address (``0000:3b:00.0``, as sysfs names it):
+        published as the standard ``resource.kubernetes.io/pciBusID``, with the
+        ``resource.kubernetes.io/pcieRoot`` sysfs gives it.
     """
 
     id: str
@@ -156,6 +161,8 @@ class Device:
     binding_conditions: tuple[str, ...] = field(default=(), kw_only=True)
     binding_failure_conditions: tuple[str, ...] = field(default=(), kw_only=True)
     # -- end binding conditions --
+    health_message: str = field(default="", kw_only=True)
+    pci_bus_id: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse a health that is not a :class:`Health`, quoting it.
@@ -194,6 +201,9 @@ class Resource:
         ResourceSlice where the API server has device taints: ``NoSchedule`` (new claims stay
         away), ``NoExecute`` (pods using it are evicted too) or ``none`` (withdrawn instead); the
         operator's ``dra_unhealthy_taint`` wins when set; None: ``NoSchedule``.
+    :param device_metadata: DRA only: containers of a claim find its devices' metadata (their
+        attributes, KEP-5304) under ``/var/run/kubernetes.io/dra-device-attributes/``, which the
+        host writes and mounts with the claim's CDI specs.
     """
 
     name: str
@@ -203,6 +213,7 @@ class Resource:
         default_factory=dict, kw_only=True, hash=False
     )
     unhealthy_taint: TaintEffect | None = field(default=None, kw_only=True)
+    device_metadata: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse devices that are not :class:`Device`, naming the first; a list becomes a tuple."""

@@ -184,9 +184,10 @@ class Host:
 
     async def reconcile(self) -> None:
         """Discover every backend at once; each answer is applied as it comes, so a slow backend
-        delays no other backend's resources."""
-        self.discoveries += 1
+        holds back no other backend's resources. The round counts once every answer is applied
+        (its new resources started, or failed to): readiness waits for the first one."""
         await asyncio.gather(*(self._reconcile_backend(backend) for backend in self.backends))
+        self.discoveries += 1
         _warn_unserved_policies(self.config.preferred_allocation, self.resources, self._policies_warned)
         self.peers.look()
 

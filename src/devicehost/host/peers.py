@@ -143,12 +143,4 @@ def _judge(server: ResourceServer, by_part: dict[str, list[PeerSocket]], present
     newer = sorted(
         (p for p in by_part.get(parsed[0], ()) if p.created > registered_at), key=lambda p: p.created
     )
-    was, server.superseded_by = server.superseded_by, newer[-1].name if newer else ""
-    if server.superseded_by and server.superseded_by != was:
-        server.log.warning(
-            "superseded: another host registered this resource after us", socket=server.superseded_by
-        )
-    elif was and not server.superseded_by and was not in present:
-        # The newer host left: the kubelet disconnected the resource with its stream.
-        server.log.info("the host that superseded this resource left; registering again", socket=was)
-        server.registrar.stream_lost(server.streams.epoch)
+    server.supersede(newer[-1].name if newer else "", present)

@@ -52,8 +52,10 @@ async def run_simulated(
     reload_config: Callable[[], HostConfig] | None = None,
     config_file: Path | None = None,
     metrics_listener: socket.socket | None = None,
+    kubernetes_version: str | None = None,
 ) -> None:
-    """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM.
+    """Run the host on a stand-in kubelet in a temporary dir until SIGINT/SIGTERM; the kubelet
+    and API server stand-ins present ``kubernetes_version`` (None: 1.35).
 
     :func:`devicehost.host.app.run_host` serves and owns the signals; this adds the stand-in in
     front of it and a task that reports what the stand-in sees.
@@ -69,8 +71,9 @@ async def run_simulated(
         config.device_plugins_dir,
         config.plugins_registry_dir,
         pod_resources_socket=config.pod_resources_socket,
+        kubernetes_version=kubernetes_version or "1.35",
     )
-    apiserver = ApiServerStandIn()
+    apiserver = ApiServerStandIn(kubernetes_version or "1.35")
     names = _BackendNames()
     kubelet.name_backends(names.of)
     try:

@@ -24,6 +24,47 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class ClusterApi:
+    """What the API server serves of DRA, as probed once at start."""
+
+    versions: tuple[str, ...]
+    """The ``resource.k8s.io`` versions served, newest first."""
+    features: Mapping[str, bool]
+    """Each DRA feature the host looks for: whether the cluster has it."""
+    taint_rules: str
+    """The served version that has DeviceTaintRule ("": none)."""
+
+
+@dataclass(frozen=True)
+class Durations:
+    """A histogram as counted so far: cumulative counts per upper bound, their sum and count."""
+
+    buckets: tuple[tuple[float, int], ...]
+    """(upper bound in seconds, observations at or under it), the last one ``inf``."""
+    total: float
+    """The sum of the observed seconds."""
+
+    @property
+    def count(self) -> int:
+        return self.buckets[-1][1] if self.buckets else 0
+
+
+@dataclass(frozen=True)
+class DraCalls:
+    """What a DRA driver did so far: the kubelet's calls, its slice writes, its devices' health."""
+
+    claims: Mapping[tuple[str, str], Durations]
+    """Claims prepared or unprepared, by (``prepare`` or ``unprepare``, ``success`` or ``error``):
+    how long the kubelet's call that answered each took."""
+    slice_writes: int
+    """ResourceSlices created, replaced or deleted."""
+    publish: Durations
+    """Time to bring the published slices in step after a change (one sync that wrote)."""
+    health_transitions: Mapping[str, int]
+    """Devices that turned ``Healthy`` or ``Unhealthy``, by the health they turned to."""
+
+
+@dataclass(frozen=True)
 class DraState:
     """A resource served through DRA: its driver, and what the kubelet and claims made of it."""
 
@@ -38,6 +79,10 @@ class DraState:
     """Claims prepared with its devices, now."""
     slices_restored: int = 0
     """Slices of its pool written back after something else deleted or changed them."""
+    cluster: ClusterApi | None = None
+    """What the API server serves of DRA (None: not probed yet, or the probe failed)."""
+    calls: DraCalls | None = None
+    """Its driver's calls, writes and health transitions so far (one driver's, shared by its resources)."""
     restored_claims: int = 0
     """Of the driver's claims its checkpoint had at the start, those restored and still prepared."""
     not_restored: tuple[str, ...] = ()
@@ -151,7 +196,8 @@ class HostState:
 
     **live** judges the host alone: its loop runs (and, since a probe answered, the event loop
     is not blocked). No backend, hung or raising, can make it false. **ready** judges
-    everything the node relies on: discovery has run, no backend failed, failed its last
+    everything the node relies on: the first discovery is done (every resource it found is
+    served, or failed to start), no backend failed, failed its last
     discovery or has a hook stuck, and every served resource is registered and streaming (and
     not superseded by another host); :attr:`problems` says what is not.
     """
@@ -160,7 +206,9 @@ class HostState:
     backends: tuple[BackendState, ...]
     resources: tuple[ResourceState, ...]
     discoveries: int
-    """Discovery rounds run so far."""
+    """Discovery rounds done so far: every backend answered (or failed to) and the resources it
+    offered were started or failed to start. Until the first is done, the resources it found
+    are not all in :attr:`resources` yet, so the host is not ready."""
     device_release: str = "off"
     """Device release: ``on``, ``off`` (turned off) or why it is paused (socket missing, ...)."""
     loop: str = "running"
@@ -181,7 +229,7 @@ class HostState:
         if self.loop != "running":
             lines.append(f"host: {self.loop}")
         elif self.discoveries == 0:
-            lines.append("host: discovery has not run yet")
+            lines.append("host: the first discovery is not done (its resources are not all served yet)")
         for backend in self.backends:
             if not backend.loaded:
                 lines.append(f"backend {backend.name}: not loaded: {backend.reason}")
@@ -208,7 +256,8 @@ class HostState:
 
     @property
     def ready(self) -> bool:
-        """Discovery has run, no backend failed or is stuck, every served resource registered and streaming."""
+        """The first discovery is done, no backend failed or is stuck, every served resource is
+        registered and streaming (through each API it is served by)."""
         return not self.problems
 
     @property

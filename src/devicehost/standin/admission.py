@@ -15,15 +15,10 @@ import grpc
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from devicehost.standin.model import AdmissionError, AllocationResult
 from devicehost.standin.pod_resources import PodAssignments, PodKey
-from devicehost.standin.registry import ResourceRecord, ResourceRegistry
+from devicehost.standin.registry import ResourceRegistry
 
 PRE_START_TIMEOUT = 30.0
 """The kubelet's own bound on ``PreStartContainer``."""
-
-
-def available_ids(record: ResourceRecord) -> list[str]:
-    """Healthy devices not allocated to a container, in the plugin's list order."""
-    return [d.id for d in record.devices if d.healthy and d.id not in record.allocated]
 
 
 def fill_up(preferred: Iterable[str], available: Sequence[str], count: int) -> list[str]:
@@ -120,7 +115,7 @@ class Admission:
         if not res.connected or res.conn is None or not any(d.healthy for d in res.devices):
             # the kubelet marks a disconnected resource's devices unhealthy (kubelet text)
             raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {name}")
-        available = available_ids(res)
+        available = res.available_ids()
         preferred: tuple[str, ...] | None = None
         if device_ids is not None:
             problem = ids_problem(name, device_ids, available)

@@ -23,11 +23,13 @@ from devicehost.resourceapi import (
     ClusterError,
     Conflict,
     NotFound,
+    ServedApi,
     claim_allocation,
 )
 from devicehost.standin.capacity import consumption
 from devicehost.standin.claimstatus import ClaimStatuses, published
 from devicehost.standin.scheduling import Scheduling, Unschedulable, claim_spec
+from devicehost.standin.versions import parse
 
 __all__ = ["NODE_UID", "ApiServerStandIn", "Unschedulable", "claim_spec", "share_of"]
 
@@ -69,18 +71,17 @@ class SliceWatches:
 class ApiServerStandIn(ClaimStatuses, Scheduling):
     """ResourceSlices and ResourceClaims in memory, with the calls of the host's ``Cluster`` seam."""
 
-    def __init__(self) -> None:
+    def __init__(self, kubernetes_version: str = "1.35") -> None:  # 1.34 to 1.37: see standin/versions.py
+        super().__init__()
+        self.version = parse(kubernetes_version)
         self.stored: dict[str, dict[str, Any]] = {}
         """ResourceSlices by name, as stored (with a resourceVersion)."""
-        self.claims: dict[tuple[str, str], ClaimAllocation] = {}
-        self.device_taints_kept = False
-        """Whether it keeps device taints on slices (an API server with ``DRADeviceTaints``);
-        without, it drops them as the real one does."""
+        self.device_taints_kept = self.version.enabled("DRADeviceTaints")
+        """Whether it keeps device taints on slices (``DRADeviceTaints``); else it drops them."""
         self.down: str | None = None
         """When set, every call fails with this as the API server's error."""
         self._versions = itertools.count(1)
         self._slice_watches = SliceWatches()
-        self.changed = asyncio.Event()
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -105,6 +106,10 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
     async def device_taints(self, node: str, driver: str) -> bool:
         self._check()
         return self.device_taints_kept
+
+    async def served_api(self, node: str, driver: str) -> ServedApi:
+        self._check()
+        return self.version.served_api(self.device_taints_kept)
 
     async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         self._check()
@@ -173,6 +178,9 @@ class ApiServerStandIn(ClaimStatuses, Scheduling):
     def _check(self) -> None:
         if self.down is not None:
             raise ClusterError(self.down)
+
+    def _published(self, driver: str) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return published(self.stored, driver)
 
 
 def share_of(

@@ -10,8 +10,8 @@ device the claim was not allocated is refused, and watchers see every change.
 
 from __future__ import annotations
 
+import abc
 import asyncio
-import functools
 import hashlib
 import json
 from collections.abc import AsyncIterator, Mapping
@@ -33,19 +33,25 @@ BINDING_FIELDS = ("bindingConditions", "bindingFailureConditions")
 Key = tuple[str, str]
 
 
-class ClaimStatuses:
-    """The claim side of the stand-in API server; it keeps ``claims`` and ``stored`` slices."""
+class ClaimStatuses(abc.ABC):
+    """The claim side of the stand-in API server: the claims, their statuses, and the signal
+    every change sets. The server it is a base of says whether it answers (:meth:`_check`) and
+    which devices its slices publish (:meth:`_published`)."""
 
-    claims: dict[Key, ClaimAllocation]
-    stored: dict[str, dict[str, Any]]
-    changed: asyncio.Event
-
-    @functools.cached_property
-    def statuses(self) -> dict[str, list[dict[str, Any]]]:
+    def __init__(self) -> None:
+        self.claims: dict[Key, ClaimAllocation] = {}
+        self.statuses: dict[str, list[dict[str, Any]]] = {}
         """``status.devices`` of each claim, by its UID."""
-        return {}
+        self.changed = asyncio.Event()
+        """Set on every change of a claim, its status or a slice."""
 
-    def _check(self) -> None: ...
+    @abc.abstractmethod
+    def _check(self) -> None:
+        """Raise the API server's error when it does not answer."""
+
+    @abc.abstractmethod
+    def _published(self, driver: str) -> dict[tuple[str, str], Mapping[str, Any]]:
+        """Each published device of ``driver`` by (pool, device)."""
 
     async def replace_claim_status(self, body: Mapping[str, Any]) -> None:
         self._check()
@@ -140,7 +146,7 @@ class ClaimStatuses:
 
     def _binding_fields(self, driver: str, pool: str, device: str) -> dict[str, list[str]]:
         """The binding conditions of the published device, as the scheduler copies them."""
-        entry = published(self.stored, driver).get((pool, device), {})
+        entry = self._published(driver).get((pool, device), {})
         return {k: list(entry[k]) for k in BINDING_FIELDS if entry.get(k)}
 
     def _version(self, key: Key) -> str:

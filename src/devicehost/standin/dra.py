@@ -7,6 +7,9 @@ must include ``v1.DRAPlugin``). A driver may have several endpoints at once (a r
 the kubelet refuses only an endpoint already registered for the same driver, calls the newest
 connected one, and forgets an endpoint when its registration socket goes. Every claim asked
 for must come back in the answer, without an error, or the kubelet fails the pod's preparation.
+Where its Kubernetes version's kubelet does (:mod:`.versions`), it opens each driver's health
+stream and shows a prepared device's health as a pod's ``allocatedResourcesStatus``
+(:mod:`.dra_health`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import grpc
 
 from devicehost.proto.dra.v1 import api_pb2, api_pb2_grpc
 from devicehost.standin.connection import CHANNEL_OPTIONS
+from devicehost.standin.dra_health import DraHealth
 from devicehost.standin.events import EventLog
 from devicehost.standin.model import DraCallError, DraDevice, EventKind
+from devicehost.standin.versions import parse
 
 PLUGIN_TYPE = "DRAPlugin"
 SERVICE = "v1.DRAPlugin"
@@ -79,13 +84,14 @@ class DraManager:
     Calls take a ``timeout`` (default: the manager's ``call_timeout``, the kubelet's 45 s).
     Every outcome is an event of the driver: ``registered``, ``register-failed``,
     ``deregistered``, ``disconnected``, ``prepared``, ``prepare-failed``, ``unprepared``,
-    ``unprepare-failed``.
+    ``unprepare-failed``; health streams and pod status: ``health``, as ``version`` has them.
     """
 
-    def __init__(self, events: EventLog, call_timeout: float = CALL_TIMEOUT) -> None:
+    def __init__(self, events: EventLog, call_timeout: float = CALL_TIMEOUT, version: str = "1.35") -> None:
         self._events = events
         self.call_timeout = call_timeout
         self._plugins: dict[str, list[DraPlugin]] = {}
+        self.health = DraHealth(events.emit, parse(version))
 
     @property
     def drivers(self) -> list[str]:
@@ -119,6 +125,7 @@ class DraManager:
         channel = grpc.aio.insecure_channel(f"unix:{endpoint}", options=CHANNEL_OPTIONS)
         channel.get_state(try_to_connect=True)  # as the kubelet's conn.Connect(): connect early
         plugins.append(DraPlugin(driver, endpoint, channel))
+        self.health.watch(driver, endpoint, channel)
         self._events.emit(
             EventKind.REGISTERED, driver, f"DRA driver endpoint {endpoint} ({len(plugins)} registered)"
         )
@@ -133,12 +140,14 @@ class DraManager:
         plugins.remove(gone[0])
         if not plugins:
             del self._plugins[driver]
+        await self.health.stop(endpoint)
         await gone[0].channel.close(None)
         self._events.emit(EventKind.DEREGISTERED, driver, f"plugin socket removed (endpoint {endpoint})")
 
     async def disconnect_all(self, reason: str) -> None:
         """Forget every driver (the kubelet keeps them in memory only); each must register again."""
         plugins, self._plugins = self._plugins, {}
+        await self.health.stop_all()
         for driver, registered in sorted(plugins.items()):
             for plugin in registered:
                 await plugin.channel.close(None)
@@ -165,6 +174,7 @@ class DraManager:
         prepared = {
             uid: tuple(map(DraDevice.from_proto, response.claims[uid].devices)) for _, uid, _ in claims
         }
+        self.health.prepared(driver, claims, prepared)
         detail = "; ".join(
             f"{ns}/{name}: " + ", ".join(f"{d.pool}/{d.device}" for d in prepared[uid])
             for ns, uid, name in claims
@@ -184,6 +194,7 @@ class DraManager:
         method = "NodeUnprepareResources"
         response = await self._call(driver, method, request, timeout, EventKind.UNPREPARE_FAILED)
         self._check(driver, method, claims, response.claims, EventKind.UNPREPARE_FAILED)
+        self.health.unprepared(claims)
         self._events.emit(EventKind.UNPREPARED, driver, ", ".join(f"{ns}/{name}" for ns, _, name in claims))
 
     def _pick(self, driver: str) -> DraPlugin | None:

@@ -55,11 +55,10 @@ class KubeletStandIn(DeviceManager):
     each call's deadline defaults to ``dra_call_timeout``, the kubelet's 45 s); ``watcher=True``
     lets device plugins register there too (else their sockets are left alone), and
     ``deprecation_file=True`` then also writes ``DEPRECATION`` in the device-plugins dir, as
-    older kubelets did (kubelet 1.32's device-plugin handler does not: seen with its own code
-    under dpharness).
+    older kubelets did (kubelet 1.32's device-plugin handler does not: seen under dpharness).
     ``pod_resources_socket`` also serves the pod-resources API there
-    (:mod:`~devicehost.standin.pod_resources`), fed by :meth:`allocate` and :meth:`release_pod`,
-    and keeps the checkpoint file up to date.
+    (:mod:`~devicehost.standin.pod_resources`), fed by :meth:`allocate` and :meth:`release_pod`, and
+    keeps the checkpoint file up to date.
     Each start binds ``kubelet.sock`` ``listen_delay`` s before it listens (connects refused).
 
     Waits and plugin calls take a ``timeout`` (the real kubelet has none; tests need one),
@@ -78,6 +77,7 @@ class KubeletStandIn(DeviceManager):
         pod_resources_socket: Path | None = None,
         dra_call_timeout: float = CALL_TIMEOUT,
         listen_delay: float = LISTEN_DELAY,
+        kubernetes_version: str = "1.35",  # 1.34 to 1.37: its DRA surface (standin/versions.py)
     ) -> None:
         if watcher and plugins_registry_dir is None:
             raise ValueError("watcher=True needs plugins_registry_dir")
@@ -91,7 +91,7 @@ class KubeletStandIn(DeviceManager):
         self._watcher_enabled = watcher
         self._deprecation_file = deprecation_file
         self._watcher: PluginWatcher | None = None
-        self.dra = DraManager(self._events, dra_call_timeout)
+        self.dra = DraManager(self._events, dra_call_timeout, kubernetes_version)
         """DRA drivers registered through ``plugins_registry``, and ``prepare``/``unprepare``."""
         self._log = structlog.get_logger("devicehost.kubelet").bind(component=COMPONENT)
         self.pod_resources_socket = pod_resources_socket

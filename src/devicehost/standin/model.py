@@ -28,6 +28,10 @@ class EventKind(enum.StrEnum):
     PREPARE_FAILED = "prepare-failed"
     UNPREPARED = "unprepared"
     UNPREPARE_FAILED = "unprepare-failed"
+    HEALTH = "health"
+    """DRA: the driver's health stream changed devices' health (the detail names them)."""
+    HEALTH_FAILED = "health-failed"
+    """DRA: the health stream could not be opened or ended; tried again in 5 s."""
 
 
 class Event(NamedTuple):
@@ -112,12 +116,18 @@ class DraDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share: str = ""
+    """The share's ID (``share_id``), for a share of a device; "" for a device held whole."""
 
     @classmethod
     def from_proto(cls, device: dra_pb2.Device) -> DraDevice:
         """Convert a wire ``Device``."""
         return cls(
-            tuple(device.request_names), device.pool_name, device.device_name, tuple(device.cdi_device_ids)
+            tuple(device.request_names),
+            device.pool_name,
+            device.device_name,
+            tuple(device.cdi_device_ids),
+            device.share_id,
         )
 
 

@@ -39,6 +39,10 @@ class ResourceRecord:
     history: list[ListRecord] = field(default_factory=list)
     allocated: set[str] = field(default_factory=set)
 
+    def available_ids(self) -> list[str]:
+        """Healthy devices not allocated to a container, in the plugin's list order."""
+        return [d.id for d in self.devices if d.healthy and d.id not in self.allocated]
+
     def adopt(self, conn: PluginConnection, options: api_pb2.DevicePluginOptions) -> PluginConnection | None:
         """Make ``conn`` the resource's connection (a registration); the one it replaces, if any."""
         old = self.conn

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from devicehost import cdi
 from devicehost.host.app import running
 from devicehost.host.backends.backend import Backend
 from devicehost.host.backends.loader import load_backends
@@ -72,9 +73,12 @@ async def running_host(
     :param cluster: the API server DRA talks to, e.g. a :class:`~devicehost.testing.cluster.ClusterStandIn`.
     :param config: any other :class:`HostConfig` field (``backends=`` holds the settings).
         ``pod_resources_socket`` defaults to ``pod-resources/kubelet.sock`` beside
-        ``device_plugins_dir`` (the kubelet's layout), never the machine's own kubelet.
+        ``device_plugins_dir`` (the kubelet's layout), never the machine's own kubelet;
+        ``cdi_dir`` defaults to :func:`devicehost.cdi.default_dir` (the kit's
+        ``devicehost_cdi_dir`` fixture points it at a temporary dir).
     """
     config.setdefault("pod_resources_socket", beside_kubelet(device_plugins_dir))
+    config.setdefault("cdi_dir", cdi.default_dir())
     host_config = HostConfig(device_plugins_dir=Path(device_plugins_dir), **config)
     if isinstance(backends, Mapping):
         loaded = [Backend(name, plugin, host_config.hook_timeout) for name, plugin in backends.items()]
@@ -159,6 +163,7 @@ async def host_process(
     config_file: Path | None = None,
     args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    cdi_dir: Path | None = None,
 ) -> AsyncIterator[HostProcess]:
     """``devicehost run`` as a child process with JSON logs; stopped with SIGTERM at the end.
 
@@ -166,8 +171,13 @@ async def host_process(
     :param config_file: a host config file (``backends.<name>`` holds a backend's settings).
     :param args: further ``devicehost run`` options, such as ``--health-interval 0.1``.
     :param env: the child's environment (default: this process's, without ``DEVICEHOST_*``).
+    :param cdi_dir: the child's ``--cdi-dir`` (default: :func:`devicehost.cdi.default_dir`, which
+        the kit's ``devicehost_cdi_dir`` fixture points at a temporary dir). As a command-line
+        flag it overrides ``config_file``'s ``cdi_dir``; a ``--cdi-dir`` in ``args`` comes later
+        and wins.
     """
     command = [sys.executable, "-m", "devicehost", "run", "--device-plugins-dir", str(device_plugins_dir)]
+    command += ["--cdi-dir", str(cdi_dir if cdi_dir is not None else cdi.default_dir())]
     command += [f"--backend={name}" for name in backends]
     if config_file is not None:
         command += ["--config", str(config_file)]

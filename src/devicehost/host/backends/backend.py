@@ -323,7 +323,7 @@ class Backend:
         answer = await self._call("devicehost_discover")
         if answer is None:
             return []
-        problem = rules.discovery_problem(answer) or binding_hook_problem(self, answer)
+        problem = rules.discovery_problem(answer) or self._binding_hook_problem(answer)
         if problem:
             raise self.refuse("devicehost_discover", problem)
         return list(answer)
@@ -371,42 +371,36 @@ class Backend:
     ) -> None:
         await self._call("devicehost_release", resource=resource, device_ids=device_ids, claim=claim)
 
+    async def restore(self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest) -> None:
+        """Tell the backend of a claim prepared before the host started (DRA; its optional hook)."""
+        if self.implements("devicehost_restore"):
+            await self._call("devicehost_restore", resource=resource, device_ids=device_ids, claim=claim)
+
+    async def device_status(
+        self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool
+    ) -> dict[str, DeviceStatus]:
+        """The backend's ``devicehost_device_status`` answer, checked (empty when it answers None)."""
+        hook = "devicehost_device_status"
+        answer = await self._call(
+            hook, resource=resource, device_ids=device_ids, claim=claim, prepared=prepared
+        )
+        if answer is None:
+            return {}
+        problem = rules.device_status_problem(answer, device_ids)
+        if problem:
+            raise self.refuse(hook, problem)
+        return dict(answer)
+
+    def _binding_hook_problem(self, resources: Sequence[Resource]) -> str | None:
+        """Binding conditions are reported through the device status hook: without it, no pod that
+        got such a device would ever bind."""
+        if self.implements("devicehost_device_status"):
+            return None
+        bound = [d.id for r in resources for d in r.devices if d.binding_conditions]
+        if not bound:
+            return None
+        return f"device {bound[0]!r} has binding_conditions, but devicehost_device_status is not implemented"
+
     def close(self) -> None:
         """Let the backend's threads go; hung ones finish in the background."""
         self._threads.close()
-
-
-# -- binding conditions and device status (DRA only) ---------------------------------------------
-
-
-def binding_hook_problem(backend: Backend, resources: Sequence[Resource]) -> str | None:
-    """Binding conditions are reported through the device status hook: without it, no pod that
-    got such a device would ever bind."""
-    if backend.implements("devicehost_device_status"):
-        return None
-    bound = [d.id for r in resources for d in r.devices if d.binding_conditions]
-    if not bound:
-        return None
-    return f"device {bound[0]!r} has binding_conditions, but devicehost_device_status is not implemented"
-
-
-async def restore(backend: Backend, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest) -> None:
-    """Tell the backend of a claim prepared before the host started (its optional restore hook)."""
-    if backend.implements("devicehost_restore"):
-        await backend._call("devicehost_restore", resource=resource, device_ids=device_ids, claim=claim)
-
-
-async def device_status(
-    backend: Backend, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool
-) -> dict[str, DeviceStatus]:
-    """The backend's ``devicehost_device_status`` answer, checked (empty when it answers None)."""
-    hook = "devicehost_device_status"
-    answer = await backend._call(
-        hook, resource=resource, device_ids=device_ids, claim=claim, prepared=prepared
-    )
-    if answer is None:
-        return {}
-    problem = rules.device_status_problem(answer, device_ids)
-    if problem:
-        raise backend.refuse(hook, problem)
-    return dict(answer)

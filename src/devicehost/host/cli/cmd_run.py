@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from devicehost.host.cli.common import (
     EXIT_FAILED,
@@ -41,12 +42,24 @@ def add_parser(commands: Commands) -> None:
         action="store_true",
         help="run a built-in kubelet stand-in in a temporary dir and show what it sees",
     )
+    run.add_argument(
+        "--kubernetes-version",
+        metavar="VERSION",
+        help="with --simulate-kubelet: the Kubernetes version its kubelet and API server present, "
+        "1.34 to 1.37 (default 1.35)",
+    )
     set_handler(run, run_command, load_config=checked_config)
 
 
 SIMULATED_DIR = (
     "--device-plugins-dir cannot apply with --simulate-kubelet: the simulated kubelet serves "
     "a temporary dir of its own; drop one of the two"
+)
+
+
+VERSION_WITHOUT_SIMULATION = (
+    "--kubernetes-version applies only with --simulate-kubelet: a real kubelet and API server "
+    "have their own, which the host finds by itself"
 )
 
 
@@ -58,6 +71,15 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
 
     if args.simulate_kubelet and args.device_plugins_dir is not None:
         raise CommandFailed(SIMULATED_DIR, EXIT_USAGE)
+    if args.kubernetes_version and not args.simulate_kubelet:
+        raise CommandFailed(VERSION_WITHOUT_SIMULATION, EXIT_USAGE)
+    if args.kubernetes_version:
+        from devicehost.standin.versions import parse
+
+        try:
+            parse(args.kubernetes_version)
+        except ValueError as exc:
+            raise CommandFailed(f"--kubernetes-version: {exc}", EXIT_USAGE) from None
     configure_logging(config.log_level, config.log_format)
     statuses = load_backend_statuses(config)
     backends = [s.backend for s in statuses if s.backend is not None]
@@ -68,7 +90,11 @@ def run_command(args: argparse.Namespace, config: HostConfig) -> int:
     if refused:
         raise CommandFailed("backend settings refused:\n  " + "\n  ".join(refused), EXIT_USAGE)
     if args.simulate_kubelet:
-        from devicehost.host.simulate import run_simulated as serve
+        from devicehost.host.simulate import run_simulated
+
+        serve: Callable[..., Coroutine[Any, Any, None]] = functools.partial(
+            run_simulated, kubernetes_version=args.kubernetes_version
+        )
     else:
         check_socket_dirs(config)
         serve = app.run_host

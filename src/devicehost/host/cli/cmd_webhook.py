@@ -116,7 +116,7 @@ def webhook_command(args: argparse.Namespace, config: HostConfig) -> int:
 
     from devicehost.host.logs import configure_logging
     from devicehost.host.webhook.drivers import parse_named_drivers
-    from devicehost.host.webhook.server import TlsFiles, Webhook, serve, split_address
+    from devicehost.host.webhook.server import TlsFiles, Webhook, split_address
 
     try:
         split_address(args.listen_address)
@@ -137,7 +137,7 @@ def webhook_command(args: argparse.Namespace, config: HostConfig) -> int:
             webhook = Webhook(config, named, tls, functools.partial(checked_config, args))
         except (OSError, ssl.SSLError) as exc:
             raise CommandFailed(f"cannot load {tls.cert} and {tls.key}: {exc}", EXIT_USAGE) from exc
-        await serve(webhook, args.listen_address, args.cert_check_interval)
+        await webhook.serve(args.listen_address, args.cert_check_interval)
 
     try:
         asyncio.run(main())

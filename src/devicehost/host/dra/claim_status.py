@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from devicehost.hookspecs.types import DeviceStatus, NetworkData
-from devicehost.host.backends.backend import HookError, device_status
+from devicehost.host.backends.backend import HookError
 from devicehost.host.dra.allocated import ClaimRefused, Found, by_request, claim_request, located
 from devicehost.host.dra.checkpoint import PreparedClaim
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, ClusterError, Conflict, NotFound
@@ -125,7 +125,7 @@ async def _ask(
     for (resource, request), devices in by_request(chosen).items():
         asked = claim_request(claim, driver, request, devices)
         backend = devices[0].attached.server.backend
-        said = await device_status(backend, resource, tuple(d.device.id for d in devices), asked, prepared)
+        said = await backend.device_status(resource, tuple(d.device.id for d in devices), asked, prepared)
         answers.update((d, said[d.device.id]) for d in devices if d.device.id in said)
     return answers
 

@@ -19,6 +19,7 @@ from devicehost.resourceapi import (
     Conflict,
     NotFound,
     OpaqueConfig,
+    ServedApi,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Conflict",
     "NotFound",
     "OpaqueConfig",
+    "ServedApi",
 ]
 
 
@@ -49,6 +51,10 @@ class Cluster(Protocol):
     async def device_taints(self, node: str, driver: str) -> bool:
         """Whether the API server keeps device taints on ResourceSlices (feature gate
         ``DRADeviceTaints``; without it the field is dropped): a dry-run create, nothing stored."""
+
+    async def served_api(self, node: str, driver: str) -> ServedApi:
+        """Which ``resource.k8s.io`` versions it serves, which of them has DeviceTaintRule, and
+        which feature-gated slice fields it keeps (dry-run creates, nothing stored)."""
 
     async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """Create a ResourceSlice; the slice as stored (without the fields the API server drops)."""

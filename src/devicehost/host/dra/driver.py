@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,22 +35,17 @@ from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Claims, mask
 from devicehost.host.dra.cluster import Cluster, ClusterError
+from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthLists, add_health_services
+from devicehost.host.dra.metadata import HOST_DIR, DeviceMetadata
 from devicehost.host.dra.publisher import Publisher
 from devicehost.host.dra.restore import open_claims, restore_resource
-from devicehost.host.dra.servicer import (
-    HEALTH_SERVICE,
-    SERVICE,
-    ClaimRef,
-    DeviceHealth,
-    DraHealthServicer,
-    DraPluginServicer,
-)
+from devicehost.host.dra.servicer import SERVICE, ClaimRef, DraPluginServicer
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
+from devicehost.host.dra.stats import DriverStats
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.host.sockets import is_listening, parse_socket_name
 from devicehost.proto.dra.v1 import api_pb2_grpc
-from devicehost.proto.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devicehost.proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from devicehost.resourceapi import UNHEALTHY_TAINT
 
@@ -134,6 +129,9 @@ class DraDriver:
             setup.device_plugin_holds,
             setup.context,
         )
+        self.metadata = DeviceMetadata(
+            name, setup.cluster, self.directory / HOST_DIR, setup.context, self.resources
+        )
         self.registered = False
         self.changes = Changes()
         """Bumped whenever a resource's devices change (the kubelet's health stream follows it)."""
@@ -144,6 +142,7 @@ class DraDriver:
         self._publishing: asyncio.Task[None] | None = None
         self.binding = BindingWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
         self._tainting: asyncio.Future[bool] | None = None
+        self.stats = DriverStats()
 
     async def start(self, first: ResourceServer) -> None:
         """Restore the claims (:mod:`.restore`) with ``first`` attached, serve DRAPlugin, then the
@@ -173,11 +172,9 @@ class DraDriver:
     async def _serve(self) -> None:
         dra = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraPluginServicer(self._prepare, self.claims.unprepare), dra
+            DraPluginServicer(self._prepare, self._unprepare, self.stats.claims), dra
         )
-        health_grpc.add_DRAResourceHealthServicer_to_server(
-            DraHealthServicer(self.health, self.changes.wait), dra
-        )
+        add_health_services(dra, HealthLists(lambda: device_health(self.resources), self.changes.wait))
         await self._start_server(dra, self._dra_socket)
         registration = registration_server(self.name, lambda: str(self._dra_socket.path), self._on_status)
         await self._start_server(registration, self._registration_socket)
@@ -218,11 +215,17 @@ class DraDriver:
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Prepare the claims, then write the status of those prepared (the device status hook),
-        each claim read from the API server once for both."""
+        each claim read from the API server once for both (and for the device metadata)."""
         reads = await self.claims.read(claims)
-        answers = await self.claims.prepare(claims, reads)
+        answers = await self.metadata.add(await self.claims.prepare(claims, reads), reads)
         await self.binding.after_prepare(answers, reads)
         return answers
+
+    async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Unprepare the claims, then remove the device metadata of those unprepared."""
+        errors = await self.claims.unprepare(claims)
+        self.metadata.remove([uid for uid, error in errors.items() if not error])
+        return errors
 
     def detach(self, resource: str) -> None:
         """Stop publishing ``resource``; its prepared claims stay in the checkpoint."""
@@ -238,15 +241,9 @@ class DraDriver:
             self._tainting = asyncio.ensure_future(taint_effect(self._setup, self.name, self.log))
         effect = resource_taint(self._setup.unhealthy_taint, server, await self._tainting, self.log)
         self.claims.tainted = self.claims.tainted or effect is not None
-        await follow(server, pool, self._setup.node, self.name, self.publisher, self.changes, effect)
-
-    def health(self) -> list[DeviceHealth]:
-        """Every device of the driver's resources with its own health (the kubelet's health stream)."""
-        return [
-            (attached.pool, names.device_name(d.id), d.health is Health.HEALTHY)
-            for attached in self.resources.values()
-            for d in attached.server.table.devices
-        ]
+        await follow(
+            server, pool, self._setup.node, self.name, self.publisher, self.changes, effect, self.stats
+        )
 
     async def _start_server(self, server: grpc.aio.Server, socket: ServedSocket) -> None:
         self._servers.append(server)  # stopped on failure too: an unstopped server warns at exit
@@ -269,13 +266,22 @@ class DraDriver:
             self.log.error("the kubelet refused the driver", error=error)
 
 
+def device_health(resources: Mapping[str, Attached]) -> list[DeviceHealth]:
+    """Every device of a driver's resources with its own health (the kubelet's health stream)."""
+    return [
+        (attached.pool, names.device_name(d.id), d.health is Health.HEALTHY, d.health_message)
+        for attached in resources.values()
+        for d in attached.server.table.devices
+    ]
+
+
 def registration_server(
     driver: str, endpoint: Callable[[], str], on_status: Callable[[bool, str], None]
 ) -> grpc.aio.Server:
     """The plugin watcher's Registration service for ``driver``, whose DRAPlugin is at ``endpoint()``."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     servicer = PluginRegistrationServicer(
-        driver, endpoint, on_status, plugin_type=PLUGIN_TYPE, versions=(SERVICE, HEALTH_SERVICE)
+        driver, endpoint, on_status, plugin_type=PLUGIN_TYPE, versions=(SERVICE, *HEALTH_SERVICES)
     )
     registration_grpc.add_RegistrationServicer_to_server(servicer, server)
     return server
@@ -341,6 +347,7 @@ async def follow(
     publisher: Publisher,
     changes: Changes,
     effect: str | None,
+    stats: DriverStats,
 ) -> None:
     """Publish ``server``'s devices now and after every change of its table: one pool of as many
     slices as they need, each device kept in its slice, its counter sets' slice, and with
@@ -352,6 +359,7 @@ async def follow(
         if server.table.version != seen:
             seen = server.table.version
             table = server.table
+            stats.health((pool, names.device_name(d.id), d.health is Health.HEALTHY) for d in table.devices)
             taints = None
             if effect is not None:
                 unhealthy = {d.id for d in table.devices if d.health is not Health.HEALTHY}

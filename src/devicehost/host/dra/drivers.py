@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from devicehost.hookspecs.types import Api, Resource
 from devicehost.host.dra import names
-from devicehost.host.state import DraState, ResourceState
+from devicehost.host.state import ClusterApi, DraState, ResourceState
 
 if TYPE_CHECKING:
     from devicehost.host.context import HostContext
@@ -55,6 +55,8 @@ class DraDrivers:
         self.drivers: dict[str, DraDriver] = {}
         self._by_resource: dict[str, tuple[DraDriver, Api]] = {}
         self._starting = asyncio.Lock()
+        self._served: asyncio.Task[ClusterApi | None] | None = None
+        """The API server's DRA surface, probed once as the first driver starts."""
 
     def api(self, backend: str, resource: Resource) -> Api:
         """The API ``resource`` of ``backend`` is served through (:func:`served_through`)."""
@@ -83,6 +85,8 @@ class DraDrivers:
                     server.log.error("not served through DRA", driver=name, error=str(exc))
                     return
                 self.drivers[name] = driver
+                if self._served is None:
+                    self._served = asyncio.create_task(self._probe(name), name="probe the API server")
             else:
                 await driver.attach(server)
         self._by_resource[server.name] = (driver, api)
@@ -103,13 +107,17 @@ class DraDrivers:
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
         claims = driver.claims
+        served = self._served.result() if self._served is not None and self._served.done() else None
+        calls = driver.stats.snapshot(driver.publisher.written.writes, driver.publisher.publish_seconds)
         dra = DraState(
             driver.name,
             only,
             driver.registered,
             slice_name,
             prepared,
-            slices_restored=driver.publisher.written.restored[state.name],
+            driver.publisher.written.restored[state.name],
+            served,
+            calls,
             restored_claims=sum(uid in claims.checkpoint.claims for uid in claims.restored),
             not_restored=tuple(f"{uid}: {why}" for uid, why in claims.not_restored.items()),
             checkpoint_set_aside=tuple(claims.checkpoint.set_aside),
@@ -121,8 +129,17 @@ class DraDrivers:
         for driver in list(self.drivers.values()):
             await driver.claims.follow_cdi_dir()
 
+    async def _probe(self, driver: str) -> ClusterApi | None:
+        from devicehost.host.dra.features import probe
+
+        assert self._cluster is not None  # made by the first driver's setup
+        return await probe(self._cluster, self._context.config.node_name, driver)
+
     async def close(self) -> None:
         """Stop every driver (their slices deleted) and let go of the API server."""
+        if self._served is not None:
+            self._served.cancel()
+            await asyncio.gather(self._served, return_exceptions=True)
         for driver in list(self.drivers.values()):
             try:
                 await driver.stop()

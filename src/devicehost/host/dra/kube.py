@@ -16,13 +16,23 @@ from typing import Any, cast
 
 import httpx2
 from lightkube import ALL_NS, ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimStatus, ResourceSlice
 
 from devicehost.host.dra.cluster import ClaimAllocation, ClusterError, Conflict, NotFound
-from devicehost.resourceapi import claim_allocation, taint_probe
+from devicehost.resourceapi import (
+    RESOURCE_VERSIONS,
+    SLICE_FEATURES,
+    ServedApi,
+    claim_allocation,
+    feature_probe,
+    taint_probe,
+)
 
 FIELD_MANAGER = "devicehost"
+_GENERIC: dict[tuple[str, str], Any] = {}
+"""Generic resources made for the discovery probe, by (version, kind)."""
 NOT_FOUND = 404
 CONFLICT = 409
 
@@ -73,6 +83,33 @@ class KubeCluster:
             )
         devices = created.to_dict().get("spec", {}).get("devices") or [{}]
         return bool(devices[0].get("taints"))
+
+    async def served_api(self, node: str, driver: str) -> ServedApi:
+        versions = [v for v in RESOURCE_VERSIONS if await self._serves(v, "ResourceSlice", "resourceslices")]
+        rules = [v for v in versions if await self._serves(v, "DeviceTaintRule", "devicetaintrules")]
+        kept = []
+        for name in SLICE_FEATURES:
+            with _errors(f"probing for {SLICE_FEATURES[name]} (a dry-run ResourceSlice)"):
+                body = cast(ResourceSlice, ResourceSlice.from_dict(feature_probe(node, driver, name)))
+                created = await self._api().create(body, dry_run=True)
+            devices = created.to_dict().get("spec", {}).get("devices") or [{}]
+            if devices[0].get(name):
+                kept.append(name)
+        return ServedApi(tuple(versions), rules[0] if rules else "", tuple(kept))
+
+    async def _serves(self, version: str, kind: str, plural: str) -> bool:
+        """Whether ``resource.k8s.io/<version>`` serves ``kind`` (one list of at most one item)."""
+        resource = _GENERIC.get((version, kind)) or create_global_resource(
+            "resource.k8s.io", version, kind, plural
+        )
+        _GENERIC[(version, kind)] = resource
+        try:
+            with _errors(f"listing resource.k8s.io/{version} {plural}"):
+                async for _ in self._api().list(resource, chunk_size=1):
+                    break
+        except NotFound:
+            return False
+        return True
 
     async def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
         with _errors(f"creating ResourceSlice {body['metadata']['name']}"):

@@ -51,7 +51,7 @@ import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -59,6 +59,7 @@ import structlog
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.rewatch import problem_kind, rewatch
 from devicehost.host.dra.slices import slice_body
+from devicehost.host.dra.stats import Timings
 from devicehost.host.serving.registration import Backoff
 
 STOP_TIMEOUT = 5.0
@@ -99,6 +100,7 @@ class Publisher:
         self._synced = asyncio.Event()
         self._backoff = Backoff(0.2, 30.0)
         self._pace = Pace(min_interval)
+        self.publish_seconds = Timings()  # each sync that wrote: how long (the publish latency)
         self.log = structlog.get_logger(__name__).bind(driver=driver)
 
     def want_pool(self, key: str, slices: Sequence[WantedSlice]) -> None:
@@ -144,7 +146,7 @@ class Publisher:
                 await self._dirty.wait()
                 self._dirty.clear()
                 try:
-                    held = await self.sync(coalesce=True)
+                    held = await timed(self, self.sync(coalesce=True))
                 except Exception as exc:  # a bug too: said with its traceback, never a silent end
                     self._dirty.set()
                     await asyncio.sleep(failed(exc, self._backoff, self.log))
@@ -312,6 +314,15 @@ def taken_names(
     """The names of ``wanted`` (the pool ``key``) that another of ``pools`` has already, sorted."""
     taken = {name for other, them in pools.items() if other != key for name, _ in them}
     return sorted(taken.intersection(name for name, _ in wanted))
+
+
+async def timed(publisher: Publisher, sync: Awaitable[float | None]) -> float | None:
+    """Await the publisher's ``sync``; when it wrote, its time goes to the publish latency."""
+    started, writes = time.monotonic(), publisher.written.writes
+    held = await sync
+    if publisher.written.writes != writes:
+        publisher.publish_seconds.observe(time.monotonic() - started)
+    return held
 
 
 def pool_writes(

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from devicehost.hookspecs.types import ClaimRequest, Share
-from devicehost.host.backends.backend import HookError, restore
+from devicehost.host.backends.backend import HookError
 from devicehost.host.dra.allocated import ClaimRefused
 from devicehost.host.dra.checkpoint import Phase, PreparedClaim, PreparedDevice
 from devicehost.host.dra.claims import Claims, ClaimSteps, owned
@@ -91,7 +91,7 @@ async def tell_backend(claims: ClaimSteps, claim: PreparedClaim) -> None:
         backend = claims.resources[resource].server.backend
         try:
             asked = restored_request(claims, claim, request, devices)
-            await restore(backend, resource, tuple(d.device_id for d in devices), asked)
+            await backend.restore(resource, tuple(d.device_id for d in devices), asked)
         except HookError as exc:
             reason = f"{resource}: {exc}"
             await claims.undo(claim, "the backend refused to restore it")

@@ -21,8 +21,11 @@ from typing import Any
 from devicehost.hookspecs.types import Capacity, Device, Health, Version
 from devicehost.host.dra.cluster import SLICE_API_VERSION
 from devicehost.host.dra.names import device_name
+from devicehost.host.dra.pci import pcie_root
 from devicehost.resourceapi import UNHEALTHY_TAINT
 
+STANDARD = "resource.kubernetes.io/"
+"""The domain of the device attributes Kubernetes standardised."""
 MAX_DEVICES = 128
 """Devices one ResourceSlice may hold (``resource.k8s.io/v1`` refuses more)."""
 MAX_CONSUMING_DEVICES = 64
@@ -38,6 +41,7 @@ def device_entry(device: Device) -> dict[str, Any]:
         attributes["group"] = {"string": device.group}
     for name, value in device.attributes.items():
         attributes[name] = {_attribute_kind(value): str(value) if isinstance(value, Version) else value}
+    attributes |= standard_attributes(device)
     entry: dict[str, Any] = {"name": device_name(device.id), "attributes": attributes}
     if device.capacity:
         entry["capacity"] = {name: capacity_entry(value) for name, value in device.capacity.items()}
@@ -54,6 +58,20 @@ def device_entry(device: Device) -> dict[str, Any]:
         entry["bindingFailureConditions"] = list(device.binding_failure_conditions)
     # -- end binding conditions --
     return entry
+
+
+def standard_attributes(device: Device) -> dict[str, dict[str, Any]]:
+    """The attributes Kubernetes standardised (``resource.kubernetes.io/``) that the host knows:
+    the device's one NUMA node, its PCI address and the PCIe root complex sysfs gives it."""
+    found: dict[str, dict[str, Any]] = {}
+    if len(device.numa_nodes) == 1:
+        found[STANDARD + "numaNode"] = {"int": device.numa_nodes[0]}
+    if device.pci_bus_id:
+        found[STANDARD + "pciBusID"] = {"string": device.pci_bus_id}
+        root = pcie_root(device.pci_bus_id)
+        if root:
+            found[STANDARD + "pcieRoot"] = {"string": root}
+    return found
 
 
 def capacity_entry(capacity: int | str | Capacity) -> dict[str, Any]:

@@ -9,16 +9,17 @@ latency histogram.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from devicehost.hookspecs.types import Health
-from devicehost.host.state import BackendState, HostState, ResourceState
+from devicehost.host.state import BackendState, Durations, HostState, ResourceState
 
 T = TypeVar("T")
 
@@ -179,6 +180,41 @@ def _families(
         yield metric
 
 
+_CLAIM_OPERATIONS = ("prepare", "unprepare")
+"""The reference DRA driver's families: ``<operation>_claims_total`` and
+``<operation>_claim_duration_seconds``, by ``result`` (``success``, ``error``); here by driver too."""
+
+
+def _histogram(durations: Durations) -> tuple[list[tuple[str, float]], float]:
+    return [
+        ("+Inf" if bound == math.inf else repr(bound), count) for bound, count in durations.buckets
+    ], durations.total
+
+
+def _dra_families(state: HostState | None) -> Iterator[Metric]:
+    """The DRA drivers' families: one sample set per driver, however many resources it serves."""
+    drivers = {r.dra.driver: r.dra.calls for r in (state.resources if state else ()) if r.dra and r.dra.calls}
+    for operation in _CLAIM_OPERATIONS:
+        calls = CounterMetricFamily(f"devicehost_{operation}_claims", f"Claims {operation}d through DRA, by driver and result", labels=["driver", "result"])  # fmt: skip
+        seconds = HistogramMetricFamily(f"devicehost_{operation}_claim_duration_seconds", f"Time of the kubelet's call that {operation}d each claim, by driver and result", labels=["driver", "result"])  # fmt: skip
+        for driver, stats in sorted(drivers.items()):
+            for (op, result), durations in stats.claims.items():
+                if op == operation:
+                    calls.add_metric([driver, result], durations.count)
+                    buckets, total = _histogram(durations)
+                    seconds.add_metric([driver, result], buckets, total)
+        yield from (calls, seconds)
+    writes = CounterMetricFamily("devicehost_dra_slice_writes", "ResourceSlices created, replaced or deleted, by driver", labels=["driver"])  # fmt: skip
+    publish = HistogramMetricFamily("devicehost_dra_publish_duration_seconds", "Time to bring a driver's ResourceSlices in step after a change", labels=["driver"])  # fmt: skip
+    health = CounterMetricFamily("devicehost_dra_health_transitions", "Devices of a driver that turned Healthy or Unhealthy", labels=["driver", "health"])  # fmt: skip
+    for driver, stats in sorted(drivers.items()):
+        writes.add_metric([driver], stats.slice_writes)
+        publish.add_metric([driver], *_histogram(stats.publish))
+        for to in (h.value for h in Health):
+            health.add_metric([driver, to], stats.health_transitions.get(to, 0))
+    yield from (writes, publish, health)
+
+
 RELOADS_HELP = "Reloads of the configuration, by outcome (refused: in whole or in part)"
 RELOAD_REFUSED_HELP = "1 when the latest reload was refused in whole or in part (see /status)"
 
@@ -197,6 +233,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("devicehost_live", "1 when the host is live (as /healthz)")
         yield CounterMetricFamily("devicehost_reloads", RELOADS_HELP, labels=["outcome"])
         yield GaugeMetricFamily("devicehost_reload_refused", RELOAD_REFUSED_HELP)
+        yield from _dra_families(None)
 
     def collect(self) -> Iterator[Metric]:
         state = self._snapshot()
@@ -218,6 +255,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "devicehost_reload_refused", RELOAD_REFUSED_HELP, 1 if state.reloads.latest_refused else 0
         )
+        yield from _dra_families(state)
 
 
 class HostMetrics:

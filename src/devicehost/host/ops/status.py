@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import asdict
 from typing import Any
 
-from devicehost.host.state import HostState, ReloadState, ResourceState
+from devicehost.host.state import DraState, HostState, ReloadState, ResourceState
 
 
 def _resource(state: ResourceState) -> dict[str, Any]:
@@ -32,8 +32,13 @@ def _resource(state: ResourceState) -> dict[str, Any]:
         "releasing": list(state.releasing),
         "failed_tries": state.failed_tries,
         **({"superseded_by": state.superseded_by} if state.superseded_by else {}),
-        **({"dra": asdict(state.dra)} if state.dra is not None else {}),
+        **({"dra": _dra(state.dra)} if state.dra is not None else {}),
     }
+
+
+def _dra(dra: DraState) -> dict[str, Any]:
+    """How the resource is served through DRA; its driver's counts are the metrics' (not here)."""
+    return {k: v for k, v in asdict(dra).items() if k != "calls"}
 
 
 def _reloads(reloads: ReloadState) -> dict[str, Any]:

@@ -10,7 +10,7 @@ hooks and the health poll, and serves no DevicePlugin socket.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,7 @@ class ResourceServer:
         self.table = DeviceTable(resource.devices, resource.counter_sets)
         self.unhealthy_taint = resource.unhealthy_taint
         """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
+        self.device_metadata = resource.device_metadata  # DRA: write device metadata for containers
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.log = log.bind(resource=self.name, backend=backend.name)
         self.socket = ServedSocket(
@@ -107,7 +108,7 @@ class ResourceServer:
                 await self._serve()
                 self.registrar.start()
             if self.backend.implements("devicehost_health"):
-                self._health_task = asyncio.create_task(_poll_health(self), name=f"health {self.name}")
+                self._health_task = asyncio.create_task(self._poll_health(), name=f"health {self.name}")
 
     async def stop(self) -> None:
         """Withdraw: stop registering, end streams, stop serving, remove the socket, call stop."""
@@ -155,6 +156,7 @@ class ResourceServer:
         pushed or polled state. Every source reports changes, and the latest change wins.
         """
         self.table.set_counter_sets(resource.counter_sets)
+        self.device_metadata = resource.device_metadata
         merged = keep_newer_health(self.table.devices, self._discovered_health, resource.devices)
         self._discovered_health = {d.id: d.health for d in resource.devices}
         self.apply_devices(merged)
@@ -182,6 +184,29 @@ class ResourceServer:
                 "health changed", healthy=self.table.healthy_count(), devices=len(self.table.devices)
             )
 
+    def supersede(self, socket: str, present: Collection[str]) -> None:
+        """Another host's ``socket`` registered this resource after us (empty: none now); when the
+        one that did is gone from the dir (not in ``present``), the kubelet dropped the resource
+        with its stream, so register again."""
+        was, self.superseded_by = self.superseded_by, socket
+        if socket and socket != was:
+            self.log.warning("superseded: another host registered this resource after us", socket=socket)
+        elif was and not socket and was not in present:
+            self.log.info("the host that superseded this resource left; registering again", socket=was)
+            self.registrar.stream_lost(self.streams.epoch)
+
+    async def _poll_health(self) -> None:
+        """Ask the backend's health hook every ``health_interval`` (a reload's new one counts at
+        once) and apply what it answers."""
+        while True:
+            await self.context.sleep(lambda config: config.health_interval)
+            try:
+                health = await self.backend.health(self.name, self.table.devices)
+            except HookError as exc:
+                self.log.error("health hook failed", error=str(exc))
+                continue
+            self.apply_health(health)
+
     async def _serve(self) -> None:
         """Start a gRPC server on a fresh socket file."""
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -198,19 +223,6 @@ class ResourceServer:
             await self._server.stop(SERVER_STOP_GRACE)
             self._server = None
         self.socket.remove()
-
-
-async def _poll_health(server: ResourceServer) -> None:
-    """Ask the backend's health hook every ``health_interval`` (a reload's new one counts at once)
-    and apply what it answers."""
-    while True:
-        await server.context.sleep(lambda config: config.health_interval)
-        try:
-            health = await server.backend.health(server.name, server.table.devices)
-        except HookError as exc:
-            server.log.error("health hook failed", error=str(exc))
-            continue
-        server.apply_health(health)
 
 
 def keep_newer_health(

@@ -156,14 +156,22 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreStartContainerResponse()
 
     async def _check_ids(self, context: Context, ids: Sequence[str]) -> None:
-        problem = ids_problem(ids) or unknown_problem(self.table, self.resource, ids)
+        problem = ids_problem(ids) or self._unknown_problem(ids)
         if problem:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
 
     async def _check_known(self, context: Context, ids: Sequence[str]) -> None:
-        problem = unknown_problem(self.table, self.resource, ids)
+        problem = self._unknown_problem(ids)
         if problem:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+    def _unknown_problem(self, ids: Sequence[str]) -> str | None:
+        """The IDs that are not devices of the resource, named (the first ten)."""
+        unknown = self.table.unknown(ids)
+        if not unknown:
+            return None
+        shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+        return f"unknown device IDs for {self.resource}: {shown}"
 
     async def _abort(self, context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
         self.errors[code.name] += 1
@@ -184,15 +192,6 @@ def ids_problem(ids: Sequence[str]) -> str | None:
     if len(set(ids)) != len(ids):
         return "a container request repeats a device ID"
     return None
-
-
-def unknown_problem(table: DeviceTable, resource: str, ids: Sequence[str]) -> str | None:
-    """The IDs that are not devices of the resource, named (the first ten)."""
-    unknown = table.unknown(ids)
-    if not unknown:
-        return None
-    shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
-    return f"unknown device IDs for {resource}: {shown}"
 
 
 def hook_status(exc: HookError) -> grpc.StatusCode:

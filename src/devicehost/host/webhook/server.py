@@ -90,6 +90,30 @@ class Webhook:
         self.stopping = asyncio.Event()
         self._reloading: asyncio.Task[None] | None = None
 
+    async def serve(self, address: str, cert_check_interval: float) -> None:
+        """Discover, listen, answer until SIGTERM/SIGINT."""
+        host, port = split_address(address)
+        self.install_signal_handlers()
+        self.table = await build_table(self.config, self.named)
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, ssl_context=self.context)
+            await site.start()
+            log.info("webhook listening", address=f"{host}:{port}", path=VALIDATE_PATH)
+            watch = asyncio.create_task(self.watch_certificate(cert_check_interval))
+            try:
+                await self.stopping.wait()
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+        finally:
+            await runner.cleanup()
+            if self.table is not None:
+                self.table.close()
+            log.info("webhook stopped")
+
     # --- HTTP ----------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
@@ -181,28 +205,3 @@ class Webhook:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_stop, sig)
         loop.add_signal_handler(signal.SIGHUP, self.on_sighup)
-
-
-async def serve(webhook: Webhook, address: str, cert_check_interval: float) -> None:
-    """Discover, listen, answer until SIGTERM/SIGINT."""
-    host, port = split_address(address)
-    webhook.install_signal_handlers()
-    webhook.table = await build_table(webhook.config, webhook.named)
-    runner = web.AppRunner(webhook.app(), access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port, ssl_context=webhook.context)
-        await site.start()
-        log.info("webhook listening", address=f"{host}:{port}", path=VALIDATE_PATH)
-        watch = asyncio.create_task(webhook.watch_certificate(cert_check_interval))
-        try:
-            await webhook.stopping.wait()
-        finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
-    finally:
-        await runner.cleanup()
-        if webhook.table is not None:
-            webhook.table.close()
-        log.info("webhook stopped")

@@ -89,11 +89,16 @@ class DeviceHealth(_message.Message):
     HEALTH_FIELD_NUMBER: _builtins.int
     LAST_UPDATED_TIME_FIELD_NUMBER: _builtins.int
     HEALTH_CHECK_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
     health: Global___HealthStatus.ValueType
     last_updated_time: _builtins.int
     """Unix seconds when this health was determined."""
     health_check_timeout_seconds: _builtins.int
     """How long the kubelet trusts this health without news; zero or less: its default."""
+    message: _builtins.str
+    """Why the device has this health, for people (the pod's allocatedResourcesStatus shows it);
+    a kubelet that does not read it ignores it.
+    """
     @_builtins.property
     def device(self) -> Global___DeviceIdentifier: ...
     def __init__(
@@ -103,10 +108,11 @@ class DeviceHealth(_message.Message):
         health: Global___HealthStatus.ValueType = ...,
         last_updated_time: _builtins.int = ...,
         health_check_timeout_seconds: _builtins.int = ...,
+        message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "health", b"health", "health_check_timeout_seconds", b"health_check_timeout_seconds", "last_updated_time", b"last_updated_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "health", b"health", "health_check_timeout_seconds", b"health_check_timeout_seconds", "last_updated_time", b"last_updated_time", "message", b"message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
