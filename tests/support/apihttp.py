@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -103,10 +103,7 @@ class ApiHttp:
         return self._claim_body(body["metadata"]["namespace"], body["metadata"]["name"])
 
     async def claims(self, request: web.Request) -> web.StreamResponse:
-        events = self.api.claim_events()
-        return await self._stream(
-            request, ((kind, claim.body or gone_claim(claim)) async for kind, claim in events)
-        )
+        return await self._stream(request, claim_bodies(self.api.claim_events()))
 
     async def slices(self, request: web.Request) -> web.StreamResponse:
         wanted = fields(request)
@@ -154,16 +151,25 @@ class ApiHttp:
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
     async def _stream(
-        self, request: web.Request, events: AsyncIterator[tuple[str, Mapping[str, Any]]]
+        self, request: web.Request, events: AsyncGenerator[tuple[str, Mapping[str, Any]]]
     ) -> web.StreamResponse:
+        """A watch: one JSON line per event until the client goes (or the server stops)."""
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
         try:
+            await response.prepare(request)
             async for kind, body in events:
                 await response.write(json.dumps({"type": kind, "object": body}).encode() + b"\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
+        except ConnectionError:
+            pass  # the host went (killed, say)
         return response
+
+
+async def claim_bodies(
+    events: AsyncGenerator[tuple[str, ClaimAllocation]],
+) -> AsyncGenerator[tuple[str, Mapping[str, Any]]]:
+    """The claims' watch events with each claim as JSON."""
+    async for kind, claim in events:
+        yield kind, claim.body or gone_claim(claim)
 
 
 def gone_claim(claim: ClaimAllocation) -> dict[str, Any]:
