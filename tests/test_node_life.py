@@ -80,6 +80,18 @@ async def test_a_reboot_leaves_the_device_plugin_sides_cdi_names_resolving(node:
         resolve(names, [node.cdi])
 
 
+async def test_a_reboot_writes_the_device_metadata_specs_again_before_the_driver_registers(
+    node: Node,
+) -> None:
+    await booted(node, metadata=True)
+    ref = node.claim("card-2")
+    ids = [i for d in await node.prepare(ref) for i in d.cdi_ids]
+    assert any("/metadata-" in i for i in ids)
+    await node.reboot(metadata=True)
+    assert f"devicehost-{DRIVER}_metadata-{ref[1]}.json" in node.specs_at_registration[-1]
+    resolve(ids, [node.cdi])  # what the kubelet was handed resolves without asking again
+
+
 async def test_a_host_restarted_alone_writes_a_missing_spec_again(node: Node) -> None:
     await booted(node)
     ref = node.claim("card-2")

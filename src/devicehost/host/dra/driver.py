@@ -212,6 +212,17 @@ class DraDriver:
         taken = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
         mask(server, taken, True)  # prepared before a restart too
         await restore_resource(self.claims, server.name)
+        await self._restore_metadata(server.name)
+
+    async def _restore_metadata(self, resource: str) -> None:
+        """Write again the device metadata specs of the claims restored for ``resource`` (a
+        reboot emptied the CDI dir); only opted-in resources have any (their claims read again)."""
+        checkpoint, restored = self.claims.checkpoint, self.claims.restored
+        mine = {u: c for u, c in checkpoint.claims.items() if u in restored and resource in c.by_resource()}
+        answers: dict[str, PreparedClaim | str] = dict(mine)
+        for uid, answer in (await self.metadata.add(answers, {})).items():
+            if isinstance(answer, str):
+                self.log.error("device metadata of a restored claim not written", uid=uid, error=answer)
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Prepare the claims, then write the status of those prepared (the device status hook),

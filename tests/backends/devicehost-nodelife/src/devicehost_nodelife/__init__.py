@@ -23,6 +23,7 @@ class NodeLifeBackend:
         self._journal: Path | None = None
         self._kill_file: Path | None = None
         self._refuse_restore = False
+        self._metadata = False
 
     @devicehost.hookimpl
     def devicehost_configure(self, settings: Mapping[str, Any]) -> None:
@@ -33,10 +34,12 @@ class NodeLifeBackend:
         self._journal = Path(settings["journal"]) if settings.get("journal") else None
         self._kill_file = Path(settings["kill_file"]) if settings.get("kill_file") else None
         self._refuse_restore = bool(settings.get("refuse_restore", False))
+        self._metadata = bool(settings.get("metadata", False))
 
     @devicehost.hookimpl
     def devicehost_discover(self) -> list[Resource]:
-        return [Resource(RESOURCE, tuple(Device(f"card-{n}") for n in range(self._count)))]
+        cards = tuple(Device(f"card-{n}") for n in range(self._count))
+        return [Resource(RESOURCE, cards, device_metadata=self._metadata)]
 
     @devicehost.hookimpl
     def devicehost_allocate(
