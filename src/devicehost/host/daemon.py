@@ -27,7 +27,7 @@ from devicehost.host.backends.loader import installed_backend_names
 from devicehost.host.config import ConfigError, HostConfig
 from devicehost.host.dra.drivers import DraDrivers
 from devicehost.host.peers import PeerWatch
-from devicehost.host.release import device_plugin_holds, tracker_for, with_holders
+from devicehost.host.release import tracker_for, with_holders
 from devicehost.host.serving.registration import Registration
 from devicehost.host.serving.resource import ResourceServer, Serving
 from devicehost.host.sockets import new_token
@@ -108,8 +108,7 @@ class Host:
         """Reads the configuration again (SIGHUP, a changed file); None: a reload keeps it."""
         self.release = tracker_for(config, lambda: self.resources)
         """Follows the kubelet's pod-resources API; None when ``device_release`` is off."""
-        holds = device_plugin_holds(self.release)
-        self.dra = DraDrivers(config, self.token, cluster=cluster, device_plugin_holds=holds)
+        self.dra = DraDrivers(config, self.token, cluster=cluster)
         self._reload_requested = False
         self._wake = asyncio.Event()
         self._loop_state = "starting"

@@ -6,9 +6,11 @@ configuration checked by the backend's model, and its admin access), writes what
 CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
 before answering; asked again, it answers the same. Unprepare calls the release hook for the
 claim's devices that no other prepared claim holds (an admin-access claim may share a device
-with a normal one), removes the spec and forgets the claim. While prepared, a device is
-advertised Unhealthy to the device plugin side, so a resource served through both APIs never
-hands one device out twice.
+with a normal one), removes the spec and forgets the claim. From the moment its devices are
+picked until it is unprepared, a claim's devices are held through DRA in their resource's
+inventory (:mod:`devicehost.host.inventory`), so a resource served through both APIs never gives
+a device, or a counter's amount, out twice; a claim whose devices the device plugin side holds
+(or would overdraw a counter set with) is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,14 +32,15 @@ from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice, by_resource
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
+from devicehost.host.inventory import DRA
 
 if TYPE_CHECKING:
     from devicehost.host.serving.resource import ResourceServer
 
 log = structlog.get_logger(__name__)
 
-HOLD = "dra"
-"""The reason prepared devices are held on the device plugin side."""
+HOLDER = "claims"
+"""The holder of the prepared claims' devices in their resources' inventories."""
 READS = 16
 """ResourceClaims read from the API server at once for one driver."""
 READ_TIMEOUT = 10.0
@@ -75,7 +78,6 @@ class Claims:
         cluster: Cluster,
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
-        device_plugin_holds: Callable[[str], frozenset[str]],
         cdi_dir: Path | None = None,
     ) -> None:
         self._driver = driver
@@ -84,7 +86,6 @@ class Claims:
         self._cluster = cluster
         self.checkpoint = checkpoint
         self._resources = resources
-        self._device_plugin_holds = device_plugin_holds
         self._lock = asyncio.Lock()
         reads = asyncio.Semaphore(READS)
         self._read = functools.partial(read_bounded, reads, cluster, driver)
@@ -151,20 +152,21 @@ class Claims:
                 raise read
             raise _ClaimRefused(f"reading ResourceClaim {namespace}/{name}: {read!r}") from None
         kind = names.cdi_kind(self._driver, uid)
-        picked = pick(read.devices, self._resources, self._device_plugin_holds, self.tainted)
-        devices, spec_devices = await self._allocate(kind, f"{namespace}/{name}", uid, read, picked)
-        if spec_devices:
-            try:
-                cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir)
-            except (OSError, ValueError) as exc:
-                await self._release(
-                    devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
-                )
-                raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
-        claim = PreparedClaim(uid, namespace, name, tuple(devices))
-        self.checkpoint.add(claim)
-        for resource, held in claim.by_resource().items():
-            hold(self._resources[resource].server, held, True)
+        picked = pick(read.devices, self._resources, self.tainted)
+        with reserved(self._resources, picked, uid):
+            devices, spec_devices = await self._allocate(kind, f"{namespace}/{name}", uid, read, picked)
+            if spec_devices:
+                try:
+                    cdi.write_spec(cdi.Spec(kind=kind, devices=spec_devices), self._cdi_dir)
+                except (OSError, ValueError) as exc:
+                    await self._release(
+                        devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
+                    )
+                    raise _ClaimRefused(f"CDI spec for the claim: {exc}") from None
+            claim = PreparedClaim(uid, namespace, name, tuple(devices))
+            self.checkpoint.add(claim)
+            for resource, held in claim.by_resource().items():
+                hold(self._resources[resource].server, held, True)
         self.prepared += 1
         self.log.info(
             "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
@@ -353,10 +355,34 @@ def by_resource_ids(held: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
 
 
 def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
-    """Advertise ``ids`` Unhealthy on the device plugin side while claims hold them (or stop); a
-    resource served through DRA only has no such side, and its table is left as it is."""
-    if server.device_plugin:
-        server.table.hold(ids, HOLD, holding)
+    """Prepared claims hold ``ids`` through DRA in the resource's inventory (or no longer do):
+    the device plugin side masks them and what they would overdraw."""
+    server.table.hold(HOLDER, DRA, ids, holding)
+
+
+@contextlib.contextmanager
+def reserved(
+    resources: Mapping[str, Attached], picked: Mapping[tuple[str, str], Sequence[Picked]], uid: str
+) -> Iterator[None]:
+    """Hold the ``picked`` devices of the claim ``uid`` through DRA while it is prepared (the
+    device plugin side cannot give them out meanwhile); refused, naming why, when the device plugin
+    side holds one or they would overdraw a counter set with what both APIs hold."""
+    ids: dict[str, list[str]] = {}
+    for (resource, _), chosen in picked.items():
+        ids.setdefault(resource, []).extend(p.device_id for p in chosen)
+    tables = {resource: resources[resource].server.table for resource in ids}
+    for resource, wanted in ids.items():
+        problem = tables[resource].view().refusal(DRA, wanted)
+        if problem:
+            raise _ClaimRefused(f"{resource}: {problem}")
+    holder = f"claim {uid}"
+    for resource, wanted in ids.items():
+        tables[resource].hold(holder, DRA, wanted)
+    try:
+        yield
+    finally:
+        for resource, wanted in ids.items():
+            tables[resource].hold(holder, DRA, wanted, False)
 
 
 async def read_bounded(
@@ -390,10 +416,7 @@ async def read_claim(cluster: Cluster, driver: str, namespace: str, uid: str, na
 
 
 def pick(
-    allocated: Sequence[AllocatedDevice],
-    resources: Mapping[str, Attached],
-    device_plugin_holds: Callable[[str], frozenset[str]],
-    tainted: bool = False,
+    allocated: Sequence[AllocatedDevice], resources: Mapping[str, Attached], tainted: bool = False
 ) -> dict[tuple[str, str], list[Picked]]:
     """The allocated devices by (resource, request), each found and checked; an unhealthy one only
     where it is ``tainted`` (published with a taint the claim must have tolerated)."""
@@ -412,8 +435,6 @@ def pick(
         if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
             raise _ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
         resource = attached.server.name
-        if found.id in device_plugin_holds(resource):
-            raise _ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
         share = Share(device.share_id, device.consumed) if device.share_id else None
         same = picked.setdefault((resource, device.request), [])
         if any(p.device == device.device for p in same):

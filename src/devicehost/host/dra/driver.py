@@ -42,6 +42,7 @@ from devicehost.host.dra.servicer import (
     DraPluginServicer,
 )
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
+from devicehost.host.inventory import DRA
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.host.sockets import is_listening, parse_socket_name
@@ -70,8 +71,6 @@ class DraSetup:
     registry_dir: Path
     token: str
     socket_mode: int
-    device_plugin_holds: Callable[[str], frozenset[str]]
-    """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
     cdi_dir: Path | None = None
     """The host's ``cdi_dir``, where each claim's CDI spec goes."""
     unhealthy_taint: str | None = None
@@ -112,7 +111,6 @@ class DraDriver:
             setup.cluster,
             Checkpoint(self.directory / CHECKPOINT_FILE),
             self.resources,
-            setup.device_plugin_holds,
             setup.cdi_dir,
         )
         self.registered = False
@@ -307,7 +305,9 @@ async def follow(
 ) -> None:
     """Publish ``server``'s devices now and after every change of its table: one pool of as many
     slices as they need, each device kept in its slice, its counter sets' slice, and with
-    ``effect`` its unhealthy devices tainted since they were first seen unhealthy."""
+    ``effect`` its unhealthy devices tainted since they were first seen unhealthy. What the device
+    plugin side holds is not offered: those devices and the ones they leave no counters for are
+    withdrawn, and the counter sets say what is left."""
     placement = Placement()
     since: dict[str, str] = {}
     seen = -1
@@ -321,7 +321,17 @@ async def follow(
                 now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 since = {i: since.get(i, now) for i in unhealthy}
                 taints = {i: unhealthy_taint(effect, at) for i, at in since.items()}
-            specs = pool_specs(node, driver, pool, table.devices, placement, table.counter_sets, taints)
+            view = table.view()  # the device plugin side's holds: withdrawn, and off the counters
+            specs = pool_specs(
+                node,
+                driver,
+                pool,
+                table.devices,
+                placement,
+                view.counter_sets_left(),
+                taints,
+                view.masked(DRA),
+            )
             publisher.want_pool(server.name, names.named_slices(node, driver, server.name, specs))
             changes.bump()
         await server.table.wait_for_change(seen)

@@ -38,13 +38,11 @@ class DraDrivers:
         token: str,
         *,
         cluster: Callable[[], Cluster] | None = None,
-        device_plugin_holds: Callable[[str], frozenset[str]],
     ) -> None:
         self._config = config
         self._token = token
         self._make_cluster = cluster or (lambda: kube_cluster(config))
         self._cluster: Cluster | None = None
-        self._holds = device_plugin_holds
         self.drivers: dict[str, DraDriver] = {}
         self._by_resource: dict[str, tuple[DraDriver, Api]] = {}
         self._starting = asyncio.Lock()
@@ -123,7 +121,6 @@ class DraDrivers:
             config.plugins_registry_dir,
             self._token,
             config.socket_mode,
-            self._holds,
             config.cdi_dir,
             config.dra_unhealthy_taint,
         )

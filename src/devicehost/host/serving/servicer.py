@@ -1,7 +1,8 @@
 """The DevicePlugin gRPC servicer of one resource.
 
 It answers the kubelet from the resource's :class:`DeviceTable` and its backend's hooks. Bad
-requests get INVALID_ARGUMENT naming the IDs; a hook that raises gets UNKNOWN naming the backend
+requests get INVALID_ARGUMENT naming the IDs; an Allocate of a device the resource's inventory
+masks (held through DRA, or overdrawing a shared counter set) gets FAILED_PRECONDITION with why; a hook that raises gets UNKNOWN naming the backend
 and the exception, one that hangs DEADLINE_EXCEEDED, one that answers nonsense INTERNAL.
 """
 
@@ -20,9 +21,10 @@ from devicehost import policies
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import PreferredAllocationRequest
 from devicehost.host.backends.backend import AnswerRefused, Backend, BackendBusy, HookError, HookTimeout
+from devicehost.host.inventory import DEVICE_PLUGIN
 from devicehost.host.serving import wire
 from devicehost.host.serving.streams import StreamSet
-from devicehost.host.serving.table import DeviceTable
+from devicehost.host.serving.table import ALLOCATED, DeviceTable
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -103,15 +105,23 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 context, grpc.StatusCode.INVALID_ARGUMENT, "AllocateRequest has no container requests"
             )
         responses = []
-        for container in request.container_requests:
-            ids = tuple(container.devices_ids)
-            await self._check_ids(context, ids)
-            try:
-                allocation = await self.backend.allocate(self.resource, ids)
-            except HookError as exc:
-                await self._abort_hook(context, exc)
-            responses.append(wire.container_allocation(allocation))
-            log.debug("allocated", devices=list(ids))
+        given: list[str] = []  # held from before the hook: DRA cannot take them meanwhile
+        try:
+            for container in request.container_requests:
+                ids = tuple(container.devices_ids)
+                await self._check_ids(context, ids)
+                await self._check_free(context, ids)
+                self.table.allocated(ids, time.monotonic())
+                given += ids
+                try:
+                    allocation = await self.backend.allocate(self.resource, ids)
+                except HookError as exc:
+                    await self._abort_hook(context, exc)
+                responses.append(wire.container_allocation(allocation))
+                log.debug("allocated", devices=list(ids))
+        except BaseException:
+            self.table.hold(ALLOCATED, DEVICE_PLUGIN, given, False)
+            raise
         return api_pb2.AllocateResponse(container_responses=responses)
 
     async def GetPreferredAllocation(
@@ -159,6 +169,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         problem = ids_problem(ids) or unknown_problem(self.table, self.resource, ids)
         if problem:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+    async def _check_free(self, context: Context, ids: Sequence[str]) -> None:
+        problem = self.table.view().refusal(DEVICE_PLUGIN, ids)
+        if problem:
+            log.warning("Allocate refused", devices=list(ids), problem=problem)
+            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {problem}")
 
     async def _check_known(self, context: Context, ids: Sequence[str]) -> None:
         problem = unknown_problem(self.table, self.resource, ids)

@@ -6,8 +6,11 @@ A health change patches a copy of the last built message instead (building 1024 
 in Python takes milliseconds, copying the built one and setting a field a tenth of one).
 
 Devices being released (the backend's release hook is running) are advertised Unhealthy
-whatever their health, so the kubelet does not hand them out half-scrubbed; their own health
-is kept and advertised again once the release ends.
+whatever their health, so the kubelet does not hand them out half-scrubbed; so are the devices
+*masked* for the device plugin side by the resource's :class:`~devicehost.host.inventory.Inventory`
+(held through DRA, or overdrawing a counter set with what both APIs hold). Their own health is
+kept and advertised again once the release or the other API's hold ends. Every change of the
+holds bumps ``version`` too: the ListAndWatch streams and the DRA publisher both follow it.
 """
 
 from __future__ import annotations
@@ -17,8 +20,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from devicehost.hookspecs.types import Device, Health
+from devicehost.host.inventory import DEVICE_PLUGIN, Inventory, Side, View
 from devicehost.host.serving import wire
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
+
+PODS = "pods"
+"""The holder of the devices the kubelet's pod-resources API lists (the device plugin side)."""
+ALLOCATED = "allocated"
+"""The holder of the devices Allocate gave out that pod-resources does not list yet."""
 
 
 class DeviceTable:
@@ -33,8 +42,14 @@ class DeviceTable:
         self._message: api_pb2.ListAndWatchResponse | None = None
         self.counter_sets = {name: dict(counters) for name, counters in (counter_sets or {}).items()}
         """The resource's shared counter sets (DRA): counter set -> counter -> amount."""
-        self._holds: dict[str, frozenset[str]] = {}
-        """Device IDs advertised Unhealthy whatever their health, by why (release, dra)."""
+        self.inventory = Inventory()
+        """Who holds which device through which API (change it through :meth:`hold`)."""
+        self._view: View | None = None
+        """The inventory's view, until the holds, the devices or the counter sets change."""
+        self.pods_followed = False
+        """Whether the kubelet's pod-resources API is followed (device release on): only then
+        does a device Allocate gave out stay held until the kubelet lists it or lets it go."""
+        self._allocated_at: dict[str, float] = {}
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -44,33 +59,64 @@ class DeviceTable:
     @property
     def releasing(self) -> frozenset[str]:
         """IDs of devices being released, advertised Unhealthy until the release ends."""
-        return self._holds.get("release", frozenset())
+        return self.inventory.of("release")
 
-    def _held(self) -> frozenset[str]:
-        return frozenset().union(*self._holds.values())
+    def view(self) -> View:
+        """What each API may give out now (computed again once the holds, the devices or the
+        counter sets change)."""
+        if self._view is None:
+            self._view = self.inventory.view(self._devices, self.counter_sets)
+        return self._view
+
+    def _unhealthy(self) -> frozenset[str]:
+        """Advertised Unhealthy whatever their health: being released, or masked."""
+        return self.releasing | self.view().masked(DEVICE_PLUGIN)
 
     def advertised(self) -> tuple[Device, ...]:
-        """The devices as the kubelet is told: those held (being released, prepared through
-        DRA) are Unhealthy."""
-        held = self._held()
-        if not held:
+        """The devices as the kubelet is told: those being released or masked are Unhealthy."""
+        unhealthy = self._unhealthy()
+        if not unhealthy:
             return tuple(self._devices.values())
         return tuple(
-            replace(d, health=Health.UNHEALTHY) if d.id in held else d for d in self._devices.values()
+            replace(d, health=Health.UNHEALTHY) if d.id in unhealthy else d for d in self._devices.values()
         )
 
-    def hold(self, ids: Iterable[str], reason: str, holding: bool) -> None:
-        """Start (``holding``) or end advertising ``ids`` Unhealthy for ``reason``."""
-        ids = frozenset(ids)
-        current = self._holds.get(reason, frozenset())
-        changed = current | ids if holding else current - ids
-        if changed != current:
-            self._holds[reason] = changed
+    def hold(self, holder: str, side: Side, ids: Iterable[str], holding: bool = True) -> None:
+        """``holder`` starts (``holding``) or stops holding ``ids`` through ``side``."""
+        inventory = self.inventory
+        if inventory.add(holder, side, ids) if holding else inventory.discard(holder, ids):
+            self._view = None
+            self._bump()
+
+    def set_holds(self, holder: str, side: Side, ids: Iterable[str]) -> None:
+        """``holder`` holds exactly ``ids`` through ``side`` from now on."""
+        if self.inventory.set(holder, side, ids):
+            self._view = None
+            self._bump()
+
+    def allocated(self, ids: Iterable[str], now: float) -> None:
+        """Allocate gave ``ids`` out at ``now`` (monotonic): held until pod-resources lists them."""
+        if self.pods_followed:
+            ids = tuple(ids)
+            self._allocated_at.update(dict.fromkeys(ids, now))
+            self.hold(ALLOCATED, DEVICE_PLUGIN, ids)
+
+    def follow_pods(self, held: Iterable[str], now: float, grace: float) -> None:
+        """The device plugin side holds ``held``, as pod-resources lists it; what Allocate gave
+        out and it lists, or that it has not listed within ``grace`` seconds, is no longer
+        ``allocated`` (a pod refused after its Allocate never shows there)."""
+        self.pods_followed = True
+        held = frozenset(held)
+        done = {i for i, at in self._allocated_at.items() if i in held or at < now - grace}
+        for device_id in done:
+            del self._allocated_at[device_id]
+        if self.inventory.set(PODS, DEVICE_PLUGIN, held) | self.inventory.discard(ALLOCATED, done):
+            self._view = None
             self._bump()
 
     def hold_for_release(self, ids: Iterable[str], holding: bool) -> None:
         """Start (``holding``) or end advertising ``ids`` Unhealthy while they are released."""
-        self.hold(ids, "release", holding)
+        self.hold("release", DEVICE_PLUGIN, ids, holding)
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
         """The IDs that are not devices of this resource, in order, without repeats."""
@@ -86,6 +132,7 @@ class DeviceTable:
         if new == self._devices and list(new) == list(self._devices):
             return False
         self._devices = new
+        self._view = None
         self._bump()
         return True
 
@@ -95,6 +142,7 @@ class DeviceTable:
         if new == self.counter_sets:
             return False
         self.counter_sets = new
+        self._view = None
         self._bump()
         return True
 
@@ -109,9 +157,9 @@ class DeviceTable:
         if not changed:
             return False
         built = self._message
+        held = self._unhealthy()
         self._bump()
         if built is not None:  # health only: the order and every other field stay as built
-            held = self._held()
             patched = api_pb2.ListAndWatchResponse()
             patched.CopyFrom(built)
             position = {device_id: n for n, device_id in enumerate(self._devices)}
