@@ -102,7 +102,13 @@ class Host:
         observe = observe_allocation or _no_observer
         policies = config.preferred_allocation
         self._serving = Serving(
-            registration, new_token(), config.socket_mode, self.request_rediscovery, observe, policies
+            registration,
+            new_token(),
+            config.socket_mode,
+            self.request_rediscovery,
+            observe,
+            policies,
+            pods_followed=config.device_release,
         )
         self.reload_config = reload_config
         """Reads the configuration again (SIGHUP, a changed file); None: a reload keeps it."""

@@ -47,6 +47,9 @@ class Serving:
     """The allocation latency observer of a resource, by resource name."""
     policies: Mapping[str, str] = field(default_factory=dict)
     """The allocation policy (``devicehost.policies``) of a resource, by name; ``none``: no policy."""
+    pods_followed: bool = False
+    """Whether the kubelet's pod-resources API is followed (``device_release``): see
+    :attr:`DeviceTable.pods_followed`."""
 
 
 class ResourceServer:
@@ -65,6 +68,7 @@ class ResourceServer:
         self.name = resource.name
         self.health_interval = interval
         self.table = DeviceTable(resource.devices, resource.counter_sets)
+        self.table.pods_followed = serving.pods_followed
         self.unhealthy_taint = resource.unhealthy_taint
         """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
         self._discovered_health = {d.id: d.health for d in resource.devices}

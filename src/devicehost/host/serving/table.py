@@ -105,7 +105,6 @@ class DeviceTable:
         """The device plugin side holds ``held``, as pod-resources lists it; what Allocate gave
         out and it lists, or that it has not listed within ``grace`` seconds, is no longer
         ``allocated`` (a pod refused after its Allocate never shows there)."""
-        self.pods_followed = True
         held = frozenset(held)
         done = {i for i, at in self._allocated_at.items() if i in held or at < now - grace}
         for device_id in done:
