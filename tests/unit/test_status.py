@@ -30,6 +30,8 @@ def widget(*, registered: bool = True) -> ResourceState:
         holders={"widget-1": Holder("team-a", "trainer-0", "main")},
         releases=2,
         releasing=("widget-3",),
+        hook_timeouts={"allocate": 40.0, "release": 10.0, "health": 10.0},
+        masked={"device-plugin": ("widget-2",)},
     )
 
 
@@ -90,6 +92,8 @@ def test_document_has_todays_shape() -> None:
                 "releases": 0,
                 "releasing": [],
                 "failed_tries": 0,
+                "hook_timeouts": {},
+                "masked": {},
             },
             WIDGET: {
                 "backend": "alpha",
@@ -104,6 +108,8 @@ def test_document_has_todays_shape() -> None:
                 "releases": 2,
                 "releasing": ["widget-3"],
                 "failed_tries": 0,
+                "hook_timeouts": {"allocate": 40.0, "release": 10.0, "health": 10.0},
+                "masked": {"device-plugin": ["widget-2"]},
             },
         },
         "device_release": "on",

@@ -28,6 +28,7 @@ from devicehost.hookspecs.types import (
     Device,
     DeviceStatus,
     Health,
+    HookTimeouts,
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
@@ -73,6 +74,10 @@ class ClaimConfigRefused(HookError):
     def __init__(self, backend: str, problems: Sequence[str]) -> None:
         super().__init__(backend, "claim configuration", "refused: " + "; ".join(problems))
         self.problems = tuple(problems)
+
+
+DECLARED = {"devicehost_allocate": "allocate", "devicehost_release": "release", "devicehost_health": "health"}
+"""The hooks whose seconds a resource may declare (:class:`HookTimeouts`), by their field."""
 
 
 class BackendContractError(Exception):
@@ -195,6 +200,8 @@ class Backend:
         self.claim_config_model = declared_model(self._pm, "devicehost_claim_config_model", impls)
         """The pydantic model of the DRA claim configuration it takes, or None (a plain mapping)."""
         self._threads = HookThreads(name)
+        self.declared: dict[str, HookTimeouts] = {}
+        """The hook timeouts each resource the backend last discovered declared, by resource."""
         self.failures: Counter[str] = Counter()
         """Hook calls that raised, timed out or were refused as busy, by hook name."""
 
@@ -227,20 +234,34 @@ class Backend:
         return bool(self._threads.running)
 
     def stuck_hooks(self) -> list[str]:
-        """Hooks still running past the hook timeout (their threads never came back)."""
-        return self._threads.stuck(self.hook_timeout)
+        """Hooks still running past their timeout (their threads never came back)."""
+        return self._threads.stuck()
+
+    def timeout(self, hook: str, resource: str | None = None) -> float:
+        """The seconds ``hook`` may take for ``resource``: what the resource declared, else the
+        host's ``hook_timeout``."""
+        field = DECLARED.get(hook)
+        declared = self.declared.get(resource) if resource is not None and field else None
+        seconds = getattr(declared, field) if declared is not None and field else None
+        return self.hook_timeout if seconds is None else float(seconds)
+
+    def timeouts(self, resource: str) -> dict[str, float]:
+        """The seconds each hook whose bound a resource may declare takes for ``resource``."""
+        return {field: self.timeout(hook, resource) for hook, field in DECLARED.items()}
 
     def implements(self, hook: str) -> bool:
         """Whether the backend has an implementation of ``hook``."""
         return hook in self._implemented
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
-        """Run one hook in the backend's threads, bounded by the hook timeout (waiting for a thread included)."""
+        """Run one hook in the backend's threads, bounded by its timeout (:meth:`timeout`; waiting
+        for a thread included)."""
         caller = getattr(self._pm.hook, hook)
         if self.cdi_dir is not None:
             caller = functools.partial(cdi._call_in_dir, self.cdi_dir, caller)
+        seconds = self.timeout(hook, kwargs.get("resource"))
         try:
-            return await self._threads.call(hook, caller, kwargs, self.hook_timeout)
+            return await self._threads.call(hook, caller, kwargs, seconds)
         except NoThread as exc:
             self.failures[hook] += 1
             raise BackendBusy(self.name, hook, str(exc)) from None
@@ -248,7 +269,7 @@ class Backend:
             raise HookError(self.name, hook, str(exc)) from None
         except Expired:
             self.failures[hook] += 1
-            raise HookTimeout(self.name, hook, f"did not return within {self.hook_timeout:g} s") from None
+            raise HookTimeout(self.name, hook, f"did not return within {seconds:g} s") from None
         except Exception as exc:
             self.failures[hook] += 1
             # Where the hook raised, for whoever debugs the backend: the error lines callers log
@@ -274,6 +295,7 @@ class Backend:
         problem = rules.discovery_problem(answer) or binding_hook_problem(self, answer)
         if problem:
             raise self.refuse("devicehost_discover", problem)
+        self.declared = {r.name: r.hook_timeouts for r in answer}
         return list(answer)
 
     async def health(self, resource: str, devices: tuple[Device, ...]) -> dict[str, Health]:

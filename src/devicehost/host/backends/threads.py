@@ -1,4 +1,5 @@
-"""A backend's own threads: at most ``MAX_THREADS_PER_BACKEND`` hook calls at once, each with a deadline.
+"""A backend's own threads: at most ``MAX_THREADS_PER_BACKEND`` hook calls at once, each with a deadline
+of its own (the caller's seconds: the host's ``hook_timeout``, or what the resource declared).
 
 The hand-off is one ``submit`` and one ``call_soon_threadsafe`` back: the answer lands in a loop
 future of our own, which a timer fails at the deadline. Nothing but us holds that future, so a
@@ -37,16 +38,16 @@ class HookThreads:
 
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(MAX_THREADS_PER_BACKEND, thread_name_prefix=f"backend-{name}")
-        self.running: dict[int, tuple[str, float]] = {}
-        """Calls whose thread has not come back: hook name and when it started."""
+        self.running: dict[int, tuple[str, float, float]] = {}
+        """Calls whose thread has not come back: hook name, when it started, and its seconds."""
         self._slots = asyncio.Semaphore(MAX_THREADS_PER_BACKEND)
         """Calls wait for a free thread (within their deadline) instead of queueing in the pool."""
         self._call_ids = itertools.count()
 
-    def stuck(self, timeout: float) -> list[str]:
-        """Hooks still running more than ``timeout`` seconds after they started."""
-        deadline = time.monotonic() - timeout
-        return [hook for hook, started in list(self.running.values()) if started < deadline]
+    def stuck(self) -> list[str]:
+        """Hooks still running past their own deadline."""
+        now = time.monotonic()
+        return [hook for hook, started, seconds in list(self.running.values()) if started + seconds < now]
 
     async def call(
         self, hook: str, caller: Callable[..., Any], kwargs: dict[str, Any], seconds: float
@@ -70,7 +71,7 @@ class HookThreads:
         else:
             await self._slots.acquire()
         call_id = next(self._call_ids)
-        self.running[call_id] = (hook, time.monotonic())
+        self.running[call_id] = (hook, time.monotonic(), seconds)
         answer = loop.create_future()
         timer = loop.call_at(deadline, _expire, answer)
         try:

@@ -20,6 +20,7 @@ import structlog
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Device, Health, Resource
 from devicehost.host.backends.backend import Backend, HookError
+from devicehost.host.inventory import DEVICE_PLUGIN, DRA
 from devicehost.host.serving.notifier import Notifier
 from devicehost.host.serving.registration import Registrar, Registration
 from devicehost.host.serving.servicer import DevicePluginServicer
@@ -146,6 +147,8 @@ class ResourceServer:
             errors=dict(self.servicer.errors),
             releasing=tuple(sorted(self.table.releasing)),
             failed_tries=self.registrar.stats.failed_tries,
+            hook_timeouts=self.backend.timeouts(self.name),
+            masked=masked_state(self.table),
         )
 
     def apply_discovery(self, resource: Resource) -> None:
@@ -212,6 +215,14 @@ async def _poll_health(server: ResourceServer) -> None:
             server.log.error("health hook failed", error=str(exc))
             continue
         server.apply_health(health)
+
+
+def masked_state(table: DeviceTable) -> dict[str, tuple[str, ...]]:
+    """The devices each API must not give out because of the other's holds, sorted; only the
+    sides that mask something."""
+    view = table.view()
+    masked = {side: tuple(sorted(view.masked(side))) for side in (DEVICE_PLUGIN, DRA)}
+    return {side: ids for side, ids in masked.items() if ids}
 
 
 def keep_newer_health(
