@@ -29,8 +29,7 @@ from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Claims
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from devicehost.host.dra.slices import device_entry
-from devicehost.host.inventory import DEVICE_PLUGIN
-from devicehost.host.serving.table import PODS
+from devicehost.host.inventory import DEVICE_PLUGIN, PODS
 from devicehost.resourceapi import claim_allocation
 
 DRIVER = "example.com"

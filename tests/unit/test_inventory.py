@@ -77,7 +77,7 @@ class Node:
 
     def __init__(self, resource: Resource) -> None:
         self.table = DeviceTable(resource.devices, resource.counter_sets)
-        self.table.pods_followed = True
+        self.table.inventory.pods_followed = True
         self.devices = {d.id: d for d in resource.devices}
         self.pods: dict[str, tuple[str, ...]] = {}
         self.claims: dict[str, tuple[str, ...]] = {}
@@ -109,8 +109,8 @@ class Node:
         if self.table.view().refusal(DEVICE_PLUGIN, ids) is not None:
             self.refused[DEVICE_PLUGIN] += 1
             return
-        self.table.allocated(ids, self.now)
-        self.pods[pod] = ids
+        with self.table.allocating(ids, self.now):
+            self.pods[pod] = ids
 
     def look(self) -> None:
         """The release tracker's look at pod-resources."""
@@ -224,12 +224,24 @@ def test_a_hold_bumps_the_version_once_and_a_repeat_not_at_all() -> None:
 
 
 def test_an_allocation_is_held_until_listed_or_the_grace_ends() -> None:
-    table = DeviceTable([Device("a"), Device("b")])
-    table.allocated(["a"], now=0.0)
-    assert table.inventory.held() == frozenset()  # pod-resources not followed: nothing to end it
-    table.pods_followed = True
-    table.allocated(["a"], now=0.0)
-    table.allocated(["b"], now=5.0)
+    table = DeviceTable([Device("a"), Device("b"), Device("c")])
+    with table.allocating(["a"], now=0.0):
+        assert table.inventory.held() == frozenset()  # pod-resources not followed: nothing to end it
+    table.inventory.pods_followed = True
+    with table.allocating(["a"], now=0.0):
+        pass
+    with table.allocating(["b"], now=5.0):
+        pass
+    held_meanwhile: list[frozenset[str]] = []
+
+    def failing_hook() -> None:
+        with table.allocating(["c"], now=5.0):
+            held_meanwhile.append(table.inventory.of("allocated"))
+            raise RuntimeError("the allocate hook failed")
+
+    with pytest.raises(RuntimeError):
+        failing_hook()
+    assert held_meanwhile == [{"a", "b", "c"}]  # held while its hooks ran, given back after
     table.follow_pods(["a"], now=6.0, grace=10.0)  # a listed: held as the pods'
     assert table.inventory.holders() == {
         "pods": ("device-plugin", {"a"}),

@@ -101,14 +101,9 @@ class Host:
         self.stopping = asyncio.Event()
         observe = observe_allocation or _no_observer
         policies = config.preferred_allocation
+        token, follow = new_token(), config.device_release
         self._serving = Serving(
-            registration,
-            new_token(),
-            config.socket_mode,
-            self.request_rediscovery,
-            observe,
-            policies,
-            pods_followed=config.device_release,
+            registration, token, config.socket_mode, self.request_rediscovery, observe, policies, follow
         )
         self.reload_config = reload_config
         """Reads the configuration again (SIGHUP, a changed file); None: a reload keeps it."""

@@ -37,6 +37,13 @@ DEVICE_PLUGIN: Side = "device-plugin"
 DRA: Side = "dra"
 SIDE_NAMES: dict[Side, str] = {DEVICE_PLUGIN: "the device plugin API", DRA: "DRA"}
 
+PODS = "pods"
+"""The holder of what the kubelet's pod-resources API lists (the device plugin side)."""
+ALLOCATED = "allocated"
+"""The holder of what Allocate gave out that pod-resources does not list yet."""
+RELEASE = "release"
+"""The holder of the devices whose device plugin release hook runs."""
+
 Amounts = dict[tuple[str, str], Decimal]
 """(counter set, counter) -> amount."""
 
@@ -82,6 +89,10 @@ class Inventory:
 
     def __init__(self) -> None:
         self._holders: dict[str, tuple[Side, frozenset[str]]] = {}
+        self.pods_followed = False
+        """Whether the kubelet's pod-resources API is followed (``device_release``): only then does
+        what Allocate gave out stay held, until the kubelet lists it or lets it go."""
+        self._allocated_at: dict[str, float] = {}
 
     def set(self, holder: str, side: Side, ids: Iterable[str]) -> bool:
         """``holder`` holds exactly ``ids`` through ``side`` (none: it is gone); True if that changed."""
@@ -102,6 +113,26 @@ class Inventory:
         """``holder`` no longer holds ``ids``; True if that changed anything."""
         found = self._holders.get(holder)
         return found is not None and self.set(holder, found[0], found[1] - frozenset(ids))
+
+    def allocated(self, ids: Iterable[str], now: float) -> bool:
+        """Allocate gave ``ids`` out at ``now`` (monotonic seconds): ``allocated`` holds them
+        where pod-resources is followed; True if that changed anything."""
+        if not self.pods_followed:
+            return False
+        ids = tuple(ids)
+        self._allocated_at.update(dict.fromkeys(ids, now))
+        return self.add(ALLOCATED, DEVICE_PLUGIN, ids)
+
+    def follow_pods(self, held: Iterable[str], now: float, grace: float) -> bool:
+        """The device plugin side holds ``held``, as pod-resources lists it: ``pods`` holds them;
+        what Allocate gave out and it lists, or has not listed within ``grace`` seconds (a pod
+        refused after its Allocate never shows there), ``allocated`` no longer does. True if
+        that changed anything."""
+        held = frozenset(held)
+        done = {i for i, at in self._allocated_at.items() if i in held or at < now - grace}
+        for device_id in done:
+            del self._allocated_at[device_id]
+        return self.set(PODS, DEVICE_PLUGIN, held) | self.discard(ALLOCATED, done)
 
     def of(self, holder: str) -> frozenset[str]:
         """The device IDs ``holder`` holds."""

@@ -28,7 +28,6 @@ from devicehost.hookspecs.types import (
     Device,
     DeviceStatus,
     Health,
-    HookTimeouts,
     PreferredAllocationRequest,
     Resource,
     ResourceNotifier,
@@ -200,8 +199,6 @@ class Backend:
         self.claim_config_model = declared_model(self._pm, "devicehost_claim_config_model", impls)
         """The pydantic model of the DRA claim configuration it takes, or None (a plain mapping)."""
         self._threads = HookThreads(name)
-        self.declared: dict[str, HookTimeouts] = {}
-        """The hook timeouts each resource the backend last discovered declared, by resource."""
         self.failures: Counter[str] = Counter()
         """Hook calls that raised, timed out or were refused as busy, by hook name."""
 
@@ -237,43 +234,28 @@ class Backend:
         """Hooks still running past their timeout (their threads never came back)."""
         return self._threads.stuck()
 
-    def timeout(self, hook: str, resource: str | None = None) -> float:
-        """The seconds ``hook`` may take for ``resource``: what the resource declared, else the
-        host's ``hook_timeout``."""
-        field = DECLARED.get(hook)
-        declared = self.declared.get(resource) if resource is not None and field else None
-        seconds = getattr(declared, field) if declared is not None and field else None
-        return self.hook_timeout if seconds is None else float(seconds)
-
-    def timeouts(self, resource: str) -> dict[str, float]:
-        """The seconds each hook whose bound a resource may declare takes for ``resource``."""
-        return {field: self.timeout(hook, resource) for hook, field in DECLARED.items()}
-
     def implements(self, hook: str) -> bool:
         """Whether the backend has an implementation of ``hook``."""
         return hook in self._implemented
 
     async def _call(self, hook: str, **kwargs: Any) -> Any:
-        """Run one hook in the backend's threads, bounded by its timeout (:meth:`timeout`; waiting
-        for a thread included)."""
+        """Run one hook in the backend's threads, bounded (a wait for a thread included): HookThreads.call."""
         caller = getattr(self._pm.hook, hook)
         if self.cdi_dir is not None:
             caller = functools.partial(cdi._call_in_dir, self.cdi_dir, caller)
-        seconds = self.timeout(hook, kwargs.get("resource"))
         try:
-            return await self._threads.call(hook, caller, kwargs, seconds)
+            return await self._threads.call(hook, caller, kwargs, self.hook_timeout)
         except NoThread as exc:
             self.failures[hook] += 1
             raise BackendBusy(self.name, hook, str(exc)) from None
         except Closed as exc:
             raise HookError(self.name, hook, str(exc)) from None
-        except Expired:
+        except Expired as exc:
             self.failures[hook] += 1
-            raise HookTimeout(self.name, hook, f"did not return within {seconds:g} s") from None
+            raise HookTimeout(self.name, hook, f"did not return within {exc}") from None
         except Exception as exc:
             self.failures[hook] += 1
-            # Where the hook raised, for whoever debugs the backend: the error lines callers log
-            # carry the exception's one-line text only (and a debug line below the level is free).
+            # The traceback for whoever debugs the backend (callers log the one-line text only).
             log.debug("hook raised", backend=self.name, hook=hook, exc_info=exc)
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
 
@@ -295,7 +277,7 @@ class Backend:
         problem = rules.discovery_problem(answer) or binding_hook_problem(self, answer)
         if problem:
             raise self.refuse("devicehost_discover", problem)
-        self.declared = {r.name: r.hook_timeouts for r in answer}
+        self._threads.bounds = declared_bounds(answer)
         return list(answer)
 
     async def health(self, resource: str, devices: tuple[Device, ...]) -> dict[str, Health]:
@@ -344,6 +326,21 @@ class Backend:
     def close(self) -> None:
         """Let the backend's threads go; hung ones finish in the background."""
         self._threads.close()
+
+
+def declared_bounds(resources: Sequence[Resource]) -> dict[tuple[str, str], float]:
+    """The seconds the resources declared for their hooks (:class:`HookTimeouts`), by (hook, resource)."""
+    declared = (
+        (hook, r.name, getattr(r.hook_timeouts, field)) for r in resources for hook, field in DECLARED.items()
+    )
+    return {(hook, name): float(seconds) for hook, name, seconds in declared if seconds is not None}
+
+
+def resource_timeouts(backend: Backend, resource: str) -> dict[str, float]:
+    """The seconds each hook whose bound a resource may declare may take for ``resource``: its
+    own, else the backend's hook timeout."""
+    bounds = backend._threads.bounds
+    return {field: bounds.get((hook, resource), backend.hook_timeout) for hook, field in DECLARED.items()}
 
 
 # -- binding conditions and device status (DRA only) ---------------------------------------------

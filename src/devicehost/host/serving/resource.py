@@ -19,7 +19,7 @@ import structlog
 
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Device, Health, Resource
-from devicehost.host.backends.backend import Backend, HookError
+from devicehost.host.backends.backend import Backend, HookError, resource_timeouts
 from devicehost.host.inventory import DEVICE_PLUGIN, DRA
 from devicehost.host.serving.notifier import Notifier
 from devicehost.host.serving.registration import Registrar, Registration
@@ -50,7 +50,7 @@ class Serving:
     """The allocation policy (``devicehost.policies``) of a resource, by name; ``none``: no policy."""
     pods_followed: bool = False
     """Whether the kubelet's pod-resources API is followed (``device_release``): see
-    :attr:`DeviceTable.pods_followed`."""
+    :attr:`~devicehost.host.inventory.Inventory.pods_followed`."""
 
 
 class ResourceServer:
@@ -69,7 +69,7 @@ class ResourceServer:
         self.name = resource.name
         self.health_interval = interval
         self.table = DeviceTable(resource.devices, resource.counter_sets)
-        self.table.pods_followed = serving.pods_followed
+        self.table.inventory.pods_followed = serving.pods_followed
         self.unhealthy_taint = resource.unhealthy_taint
         """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
         self._discovered_health = {d.id: d.health for d in resource.devices}
@@ -147,7 +147,7 @@ class ResourceServer:
             errors=dict(self.servicer.errors),
             releasing=tuple(sorted(self.table.releasing)),
             failed_tries=self.registrar.stats.failed_tries,
-            hook_timeouts=self.backend.timeouts(self.name),
+            hook_timeouts=resource_timeouts(self.backend, self.name),
             masked=masked_state(self.table),
         )
 

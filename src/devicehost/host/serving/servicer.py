@@ -24,7 +24,7 @@ from devicehost.host.backends.backend import AnswerRefused, Backend, BackendBusy
 from devicehost.host.inventory import DEVICE_PLUGIN
 from devicehost.host.serving import wire
 from devicehost.host.serving.streams import StreamSet
-from devicehost.host.serving.table import ALLOCATED, DeviceTable
+from devicehost.host.serving.table import DeviceTable
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -104,25 +104,25 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             await self._abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "AllocateRequest has no container requests"
             )
-        responses = []
-        given: list[str] = []  # held from before the hook: DRA cannot take them meanwhile
-        try:
-            for container in request.container_requests:
-                ids = tuple(container.devices_ids)
-                await self._check_ids(context, ids)
-                await self._check_free(context, ids)
-                self.table.allocated(ids, time.monotonic())
-                given += ids
-                try:
-                    allocation = await self.backend.allocate(self.resource, ids)
-                except HookError as exc:
-                    await self._abort_hook(context, exc)
-                responses.append(wire.container_allocation(allocation))
-                log.debug("allocated", devices=list(ids))
-        except BaseException:
-            self.table.hold(ALLOCATED, DEVICE_PLUGIN, given, False)
-            raise
+        containers = [tuple(container.devices_ids) for container in request.container_requests]
+        for ids in containers:
+            await self._check_ids(context, ids)
+        given = [i for ids in containers for i in ids]
+        problem = masked_problem(self.table, self.resource, given)
+        if problem:
+            log.warning("Allocate refused", devices=given, problem=problem)
+            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, problem)
+        with self.table.allocating(given, time.monotonic()):  # held from before the hooks on
+            responses = [await self._allocated(context, ids) for ids in containers]
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def _allocated(self, context: Context, ids: tuple[str, ...]) -> api_pb2.ContainerAllocateResponse:
+        try:
+            allocation = await self.backend.allocate(self.resource, ids)
+        except HookError as exc:
+            await self._abort_hook(context, exc)
+        log.debug("allocated", devices=list(ids))
+        return wire.container_allocation(allocation)
 
     async def GetPreferredAllocation(
         self,
@@ -170,12 +170,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         if problem:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem)
 
-    async def _check_free(self, context: Context, ids: Sequence[str]) -> None:
-        problem = self.table.view().refusal(DEVICE_PLUGIN, ids)
-        if problem:
-            log.warning("Allocate refused", devices=list(ids), problem=problem)
-            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {problem}")
-
     async def _check_known(self, context: Context, ids: Sequence[str]) -> None:
         problem = unknown_problem(self.table, self.resource, ids)
         if problem:
@@ -209,6 +203,13 @@ def unknown_problem(table: DeviceTable, resource: str, ids: Sequence[str]) -> st
         return None
     shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
     return f"unknown device IDs for {resource}: {shown}"
+
+
+def masked_problem(table: DeviceTable, resource: str, ids: Sequence[str]) -> str | None:
+    """Why ``ids`` cannot go to a container now: the other API holds one, or they would overdraw
+    a shared counter set with what both APIs hold."""
+    problem = table.view().refusal(DEVICE_PLUGIN, ids)
+    return f"{resource}: {problem}" if problem else None
 
 
 def hook_status(exc: HookError) -> grpc.StatusCode:

@@ -16,18 +16,14 @@ holds bumps ``version`` too: the ListAndWatch streams and the DRA publisher both
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from devicehost.hookspecs.types import Device, Health
-from devicehost.host.inventory import DEVICE_PLUGIN, Inventory, Side, View
+from devicehost.host.inventory import ALLOCATED, DEVICE_PLUGIN, RELEASE, Inventory, Side, View
 from devicehost.host.serving import wire
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
-
-PODS = "pods"
-"""The holder of the devices the kubelet's pod-resources API lists (the device plugin side)."""
-ALLOCATED = "allocated"
-"""The holder of the devices Allocate gave out that pod-resources does not list yet."""
 
 
 class DeviceTable:
@@ -46,10 +42,6 @@ class DeviceTable:
         """Who holds which device through which API (change it through :meth:`hold`)."""
         self._view: View | None = None
         """The inventory's view, until the holds, the devices or the counter sets change."""
-        self.pods_followed = False
-        """Whether the kubelet's pod-resources API is followed (device release on): only then
-        does a device Allocate gave out stay held until the kubelet lists it or lets it go."""
-        self._allocated_at: dict[str, float] = {}
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -59,7 +51,7 @@ class DeviceTable:
     @property
     def releasing(self) -> frozenset[str]:
         """IDs of devices being released, advertised Unhealthy until the release ends."""
-        return self.inventory.of("release")
+        return self.inventory.of(RELEASE)
 
     def view(self) -> View:
         """What each API may give out now (computed again once the holds, the devices or the
@@ -84,38 +76,35 @@ class DeviceTable:
     def hold(self, holder: str, side: Side, ids: Iterable[str], holding: bool = True) -> None:
         """``holder`` starts (``holding``) or stops holding ``ids`` through ``side``."""
         inventory = self.inventory
-        if inventory.add(holder, side, ids) if holding else inventory.discard(holder, ids):
-            self._view = None
-            self._bump()
+        self._held(inventory.add(holder, side, ids) if holding else inventory.discard(holder, ids))
 
     def set_holds(self, holder: str, side: Side, ids: Iterable[str]) -> None:
         """``holder`` holds exactly ``ids`` through ``side`` from now on."""
-        if self.inventory.set(holder, side, ids):
-            self._view = None
-            self._bump()
+        self._held(self.inventory.set(holder, side, ids))
 
-    def allocated(self, ids: Iterable[str], now: float) -> None:
-        """Allocate gave ``ids`` out at ``now`` (monotonic): held until pod-resources lists them."""
-        if self.pods_followed:
-            ids = tuple(ids)
-            self._allocated_at.update(dict.fromkeys(ids, now))
-            self.hold(ALLOCATED, DEVICE_PLUGIN, ids)
+    @contextlib.contextmanager
+    def allocating(self, ids: Sequence[str], now: float) -> Iterator[None]:
+        """Allocate gives ``ids`` out at ``now``: held from before its hooks run
+        (:meth:`Inventory.allocated`), and no longer if it fails."""
+        self._held(self.inventory.allocated(ids, now))
+        try:
+            yield
+        except BaseException:
+            self.hold(ALLOCATED, DEVICE_PLUGIN, ids, False)
+            raise
 
     def follow_pods(self, held: Iterable[str], now: float, grace: float) -> None:
-        """The device plugin side holds ``held``, as pod-resources lists it; what Allocate gave
-        out and it lists, or that it has not listed within ``grace`` seconds, is no longer
-        ``allocated`` (a pod refused after its Allocate never shows there)."""
-        held = frozenset(held)
-        done = {i for i, at in self._allocated_at.items() if i in held or at < now - grace}
-        for device_id in done:
-            del self._allocated_at[device_id]
-        if self.inventory.set(PODS, DEVICE_PLUGIN, held) | self.inventory.discard(ALLOCATED, done):
+        """What pod-resources lists: :meth:`Inventory.follow_pods`."""
+        self._held(self.inventory.follow_pods(held, now, grace))
+
+    def _held(self, changed: bool) -> None:
+        if changed:
             self._view = None
             self._bump()
 
     def hold_for_release(self, ids: Iterable[str], holding: bool) -> None:
         """Start (``holding``) or end advertising ``ids`` Unhealthy while they are released."""
-        self.hold("release", DEVICE_PLUGIN, ids, holding)
+        self.hold(RELEASE, DEVICE_PLUGIN, ids, holding)
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
         """The IDs that are not devices of this resource, in order, without repeats."""
@@ -131,8 +120,7 @@ class DeviceTable:
         if new == self._devices and list(new) == list(self._devices):
             return False
         self._devices = new
-        self._view = None
-        self._bump()
+        self._held(True)
         return True
 
     def set_counter_sets(self, counter_sets: Mapping[str, Mapping[str, int | str]]) -> bool:
@@ -141,8 +129,7 @@ class DeviceTable:
         if new == self.counter_sets:
             return False
         self.counter_sets = new
-        self._view = None
-        self._bump()
+        self._held(True)
         return True
 
     def set_health(self, health: Mapping[str, Health]) -> bool:
