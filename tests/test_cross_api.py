@@ -209,6 +209,15 @@ async def test_a_claim_the_scheduler_gave_the_card_before_the_device_plugin_took
         assert rig.host.resources[RESOURCE].table.inventory.held("dra") == frozenset()
 
 
+async def test_the_kubelet_is_sent_nothing_new_when_its_own_allocation_changes_only_the_slices() -> None:
+    async with both(SERVED["example"]) as rig:
+        servicer = rig.host.resources[rig.resource].servicer
+        sent = servicer.updates_sent
+        await rig.kubelet.allocate(rig.resource, device_ids=["widget-0"], pod="p")
+        await within_a_second(lambda: rig.published() == {"widget-1", "widget-2"}, "widget-0 withdrawn")
+        assert servicer.updates_sent == sent
+
+
 async def test_an_allocation_the_kubelet_never_lists_holds_until_the_grace_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

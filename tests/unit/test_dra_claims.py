@@ -114,7 +114,7 @@ async def rig_of(
         )
         for resource, held in (holds or {}).items():
             assert resource == WIDGET
-            server.table.set_holds(PODS, DEVICE_PLUGIN, held)
+            server.table.hold(PODS, DEVICE_PLUGIN, held)
         yield Rig(cluster, claims, server, plugin)
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devicehost import Device, Health, Resource
-from devicehost.host.inventory import DEVICE_PLUGIN, DRA, Inventory, amounts, consumed, overdrawn
+from devicehost.host.inventory import DEVICE_PLUGIN, DRA, RELEASE, Inventory, amounts, consumed, overdrawn
 from devicehost.host.serving.table import DeviceTable
 from devicehost_dra_example import DraExampleBackend, Settings
 from devicehost_dra_example.net import DraExampleNetBackend, NetSettings
@@ -120,9 +120,9 @@ class Node:
     def end_pod(self, pod: str) -> None:
         """A pod ends: its devices are released (the release hook holds them meanwhile)."""
         ids = self.pods.pop(pod)
-        self.table.hold_for_release(ids, True)
+        self.table.hold(RELEASE, DEVICE_PLUGIN, ids)
         self.look()
-        self.table.hold_for_release(ids, False)
+        self.table.hold(RELEASE, DEVICE_PLUGIN, ids, False)
 
     def prepare(self, claim: str, ids: tuple[str, ...]) -> None:
         """The kubelet prepares a claim the scheduler allocated."""
@@ -194,7 +194,7 @@ def test_a_card_held_whole_masks_its_partitions_and_a_partition_masks_the_card()
     assert table.view().masked(DEVICE_PLUGIN) == {"x1-0", *(d.id for d in parts)}
     assert table.view().masked(DRA) == frozenset()  # the scheduler counts its own claim
     table.hold("claim a", DRA, ["x1-0"], False)
-    table.set_holds("pods", DEVICE_PLUGIN, ["x1-0-p2"])
+    table.hold("pods", DEVICE_PLUGIN, ["x1-0-p2"])
     assert table.view().masked(DRA) == {"x1-0", "x1-0-p2"}
     assert table.view().masked(DEVICE_PLUGIN) == {"x1-0"}
     assert table.view().counter_sets_left() == {"x1-0": {"memory": str(24 * 2**30)}}
@@ -249,3 +249,15 @@ def test_an_allocation_is_held_until_listed_or_the_grace_ends() -> None:
     }
     table.follow_pods(["a"], now=16.0, grace=10.0)  # b never listed within the grace
     assert table.inventory.holders() == {"pods": ("device-plugin", {"a"})}
+
+
+def test_a_hold_only_dra_sees_leaves_the_device_plugin_message_as_built() -> None:
+    table = DeviceTable([Device("a"), Device("b")])
+    table.inventory.pods_followed = True
+    built = table.message()
+    version = table.version
+    with table.allocating(["a"], now=0.0):
+        pass
+    assert table.view().masked(DRA) == {"a"}  # withdrawn from the slices: the DRA side follows
+    assert table.version == version + 1
+    assert table.message() is built  # the kubelet's streams send nothing new

@@ -35,6 +35,7 @@ import structlog
 
 from devicehost.host.backends.backend import HookError
 from devicehost.host.config import HostConfig
+from devicehost.host.inventory import DEVICE_PLUGIN, RELEASE
 from devicehost.host.kubelet.pod_resources import Holders, PodResourcesError, list_holders
 from devicehost.host.kubelet.socket_watch import file_identity
 from devicehost.host.serving.resource import ResourceServer
@@ -176,7 +177,7 @@ class ReleaseTracker:
         server = self._servers().get(resource)
         if server is None or not server.backend.implements("devicehost_release"):
             return
-        server.table.hold_for_release(ids, True)  # held from now: no look or claim sees it free
+        server.table.hold(RELEASE, DEVICE_PLUGIN, ids)  # held from now: no look or claim sees it free
         task = asyncio.create_task(self._run_hook(server, holder, ids), name=f"release {resource}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -190,5 +191,5 @@ class ReleaseTracker:
         else:
             server.log.info("devices released", devices=list(ids))
         finally:
-            server.table.hold_for_release(ids, False)
+            server.table.hold(RELEASE, DEVICE_PLUGIN, ids, False)
             self.releases[server.name] += 1

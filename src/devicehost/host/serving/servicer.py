@@ -75,7 +75,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         with self._streams.open() as stream:
             log.info("ListAndWatch stream opened", streams=self._streams.count)
-            sent_version = -1
+            sent_version, sent = -1, None
             last_sent = 0.0
             while not stream.ending:
                 if self.table.version != sent_version:
@@ -83,10 +83,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     if pause > 0:
                         await asyncio.sleep(pause)
                         continue
-                    sent_version = self.table.version
-                    last_sent = time.monotonic()
-                    self.updates_sent += 1
-                    yield self.table.message()
+                    sent_version, message = self.table.version, self.table.message()
+                    if message is not sent:  # the same message: only what DRA offers changed
+                        sent, last_sent = message, time.monotonic()
+                        self.updates_sent += 1
+                        yield message
                     continue
                 await self.table.wait_for_change(sent_version)
 

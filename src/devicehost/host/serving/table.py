@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from devicehost.hookspecs.types import Device, Health
-from devicehost.host.inventory import ALLOCATED, DEVICE_PLUGIN, RELEASE, Inventory, Side, View
+from devicehost.host.inventory import ALLOCATED, DEVICE_PLUGIN, DRA, RELEASE, Inventory, Side, View
 from devicehost.host.serving import wire
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 
@@ -41,7 +41,6 @@ class DeviceTable:
         self.inventory = Inventory()
         """Who holds which device through which API (change it through :meth:`hold`)."""
         self._view: View | None = None
-        """The inventory's view, until the holds, the devices or the counter sets change."""
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -54,10 +53,8 @@ class DeviceTable:
         return self.inventory.of(RELEASE)
 
     def view(self) -> View:
-        """What each API may give out now (computed again once the holds, the devices or the
-        counter sets change)."""
-        if self._view is None:
-            self._view = self.inventory.view(self._devices, self.counter_sets)
+        """What each API may give out now (kept until the holds, devices or counter sets change)."""
+        self._view = self._view or self.inventory.view(self._devices, self.counter_sets)
         return self._view
 
     def _unhealthy(self) -> frozenset[str]:
@@ -76,17 +73,12 @@ class DeviceTable:
     def hold(self, holder: str, side: Side, ids: Iterable[str], holding: bool = True) -> None:
         """``holder`` starts (``holding``) or stops holding ``ids`` through ``side``."""
         inventory = self.inventory
-        self._held(inventory.add(holder, side, ids) if holding else inventory.discard(holder, ids))
-
-    def set_holds(self, holder: str, side: Side, ids: Iterable[str]) -> None:
-        """``holder`` holds exactly ``ids`` through ``side`` from now on."""
-        self._held(self.inventory.set(holder, side, ids))
+        self._held(lambda: inventory.add(holder, side, ids) if holding else inventory.discard(holder, ids))
 
     @contextlib.contextmanager
     def allocating(self, ids: Sequence[str], now: float) -> Iterator[None]:
-        """Allocate gives ``ids`` out at ``now``: held from before its hooks run
-        (:meth:`Inventory.allocated`), and no longer if it fails."""
-        self._held(self.inventory.allocated(ids, now))
+        """Allocate gives ``ids`` out at ``now``: held while its hooks run and after, unless it fails."""
+        self._held(lambda: self.inventory.allocated(ids, now))
         try:
             yield
         except BaseException:
@@ -95,16 +87,21 @@ class DeviceTable:
 
     def follow_pods(self, held: Iterable[str], now: float, grace: float) -> None:
         """What pod-resources lists: :meth:`Inventory.follow_pods`."""
-        self._held(self.inventory.follow_pods(held, now, grace))
+        self._held(lambda: self.inventory.follow_pods(held, now, grace))
 
-    def _held(self, changed: bool) -> None:
-        if changed:
+    def _held(self, change: Callable[[], bool]) -> None:
+        """Change the holds (``change``: True if it did); a change signal only where what either API
+        offers changed (a device plugin resource's own Allocate changes nothing its streams send)."""
+        before = self._offer()
+        if change():
             self._view = None
-            self._bump()
+            after = self._offer()
+            if after != before:
+                self._bump(keep_message=after[0] == before[0])
 
-    def hold_for_release(self, ids: Iterable[str], holding: bool) -> None:
-        """Start (``holding``) or end advertising ``ids`` Unhealthy while they are released."""
-        self.hold(RELEASE, DEVICE_PLUGIN, ids, holding)
+    def _offer(self) -> tuple[frozenset[str], frozenset[str], dict[str, dict[str, str]]]:
+        """What both APIs offer: advertised Unhealthy, withdrawn from the slices, counters left."""
+        return self._unhealthy(), self.view().masked(DRA), self.view().counter_sets_left()
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
         """The IDs that are not devices of this resource, in order, without repeats."""
@@ -120,7 +117,8 @@ class DeviceTable:
         if new == self._devices and list(new) == list(self._devices):
             return False
         self._devices = new
-        self._held(True)
+        self._view = None
+        self._bump()
         return True
 
     def set_counter_sets(self, counter_sets: Mapping[str, Mapping[str, int | str]]) -> bool:
@@ -129,7 +127,8 @@ class DeviceTable:
         if new == self.counter_sets:
             return False
         self.counter_sets = new
-        self._held(True)
+        self._view = None
+        self._bump()
         return True
 
     def set_health(self, health: Mapping[str, Health]) -> bool:
@@ -172,7 +171,7 @@ class DeviceTable:
         if self.version == seen_version:
             await self._changed.wait()
 
-    def _bump(self) -> None:
+    def _bump(self, keep_message: bool = False) -> None:
         self.version += 1
-        self._message = None
+        self._message = self._message if keep_message else None
         self.wake_all()
