@@ -11,15 +11,20 @@ sets; a device that allows multiple allocations is shared).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devicehost import Device, Health, Resource
+from devicehost.host import release
 from devicehost.host.inventory import DEVICE_PLUGIN, DRA, RELEASE, Inventory, amounts, consumed, overdrawn
+from devicehost.host.release import ReleaseTracker
 from devicehost.host.serving.table import DeviceTable
 from devicehost_dra_example import DraExampleBackend, Settings
 from devicehost_dra_example.net import DraExampleNetBackend, NetSettings
@@ -261,3 +266,31 @@ def test_a_hold_only_dra_sees_leaves_the_device_plugin_message_as_built() -> Non
     assert table.view().masked(DRA) == {"a"}  # withdrawn from the slices: the DRA side follows
     assert table.version == version + 1
     assert table.message() is built  # the kubelet's streams send nothing new
+
+
+def test_a_device_that_overdraws_alone_is_the_backends_mistake_not_a_hold() -> None:
+    counters = {"gpu-0": {"memory": "16Gi"}}
+    small = Device("p0", consumes={"gpu-0": {"memory": "8Gi"}})
+    big = Device("p1", consumes={"gpu-0": {"memory": "20Gi"}})  # conformance's dra-counters names it
+    table = DeviceTable([small, big], counters)
+    table.hold("pods", DEVICE_PLUGIN, ["p0"])
+    view = table.view()
+    assert view.masked(DRA) == {"p0"}  # p1 stays as the backend declared it
+    assert view.refusal(DEVICE_PLUGIN, ["p1"]) is None
+    assert view.counter_sets_left() == {"gpu-0": {"memory": str(8 * 2**30)}}
+
+
+async def test_a_look_without_an_answer_keeps_the_holds_and_lets_unlisted_allocations_go(
+    tmp_path: Path,
+) -> None:
+    table = DeviceTable([Device("a"), Device("b")])
+    table.inventory.pods_followed = True
+    served = SimpleNamespace(table=table)  # what the tracker reads of a served resource
+    tracker = ReleaseTracker(tmp_path / "no-such.sock", tmp_path, 1.0, lambda: {"r": served})  # type: ignore[dict-item]
+    with table.allocating(["a"], now=time.monotonic() - 2 * release.ALLOCATED_GRACE):
+        pass
+    with table.allocating(["b"], now=time.monotonic()):
+        pass
+    await tracker.look()
+    assert tracker.status.startswith("paused")
+    assert table.inventory.holders() == {"allocated": ("device-plugin", {"b"})}

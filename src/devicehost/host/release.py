@@ -17,8 +17,9 @@ Each look also tells every served resource's inventory what the device plugin si
 the kubelet lists, and what it listed before and has not confirmed gone), so DRA cannot give out
 a device, or a counter's amount, that a container holds; a device stays held while its release
 hook runs. A device Allocate gave out counts as held from that moment
-(:meth:`~devicehost.host.serving.table.DeviceTable.allocated`), until the kubelet lists it or
-has not listed it within :data:`ALLOCATED_GRACE` seconds.
+(:meth:`~devicehost.host.serving.table.DeviceTable.allocating`), until the kubelet lists it or
+has not listed it within :data:`ALLOCATED_GRACE` seconds (a look that gets no answer keeps the
+last answer's holds and lets go of what it never listed).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class ReleaseTracker:
             now = await list_holders(self.socket, LIST_TIMEOUT)
         except PodResourcesError as exc:
             self._say(f"paused: {exc}")
+            self._follow()  # the last answer stands; what it never listed is let go after the grace
             return
         self._say("on")
         gone = missing(self._seen, now)
@@ -157,9 +159,13 @@ class ReleaseTracker:
             self._seen.setdefault(resource, {})[device_id] = holder
         for (resource, holder), ids in released_sets(confirmed).items():
             self._release(resource, holder, ids)
-        now_at = time.monotonic()
+        self._follow()
+
+    def _follow(self) -> None:
+        """Tell each served resource's inventory what containers hold, as far as the kubelet said."""
+        now = time.monotonic()
         for resource, server in self._servers().items():
-            server.table.follow_pods(self._seen.get(resource, {}), now_at, ALLOCATED_GRACE)
+            server.table.follow_pods(self._seen.get(resource, {}), now, ALLOCATED_GRACE)
 
     async def wait_idle(self) -> None:
         """Wait for the release hooks running now."""
