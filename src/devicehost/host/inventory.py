@@ -169,7 +169,9 @@ class View:
         self._held: dict[Side, frozenset[str]] = {DEVICE_PLUGIN: device_plugin, DRA: dra}
         self._masked: dict[Side, frozenset[str]] = {}
         self._misfits = frozenset(
-            i for i, d in devices.items() if d.consumes and overdrawn(self._counters, amounts(d.consumes))
+            i
+            for i, d in (devices.items() if self._counters else ())
+            if d.consumes and overdrawn(self._counters, amounts(d.consumes))
         )
         """Devices that overdraw a counter set alone: the backend's mistake (conformance's
         ``dra-counters`` names it), which the counter math leaves out."""
@@ -180,6 +182,10 @@ class View:
     def masked(self, side: Side) -> frozenset[str]:
         """The devices ``side`` must not give out, which it does not hold itself: held through the
         other side, or overdrawing a counter set with the holds ``side``'s API does not count."""
+        if side not in self._masked and not self._counters:  # no shared counters: the same device only
+            self._masked[side] = frozenset(
+                i for i in self._held[_other(side)] - self._held[side] if i in self._devices
+            )
         if side not in self._masked:
             other = self._held[_other(side)]
             counted = other if side == DRA else other | self._held[side]
