@@ -182,7 +182,7 @@ async def test_a_partition_the_device_plugin_api_holds_takes_the_card_off_the_sl
     async with both() as rig:
         await rig.kubelet.allocate(RESOURCE, device_ids=[PARTS[2]], pod="p")
         await within_a_second(lambda: rig.published() == {PARTS[0], PARTS[1], PARTS[3]}, "the card withdrawn")
-        assert rig.counters() == {"memory": str(60 * 2**30), "compute": "75"}  # what the partition left
+        assert rig.counters() == {"memory": "60Gi", "compute": "75"}  # what the partition left
         with pytest.raises(AssertionError, match="only 0 free devices"):
             rig.cluster.allocate(DRIVER, devices=[FULL])  # the scheduler cannot choose it
         _, error = await rig.prepare(PARTS[0], PARTS[1], PARTS[3])

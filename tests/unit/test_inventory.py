@@ -21,9 +21,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devicehost import Device, Health, Resource
+from devicehost import Device, Health, Resource, quantity
 from devicehost.host import release
-from devicehost.host.inventory import DEVICE_PLUGIN, DRA, RELEASE, Inventory, amounts, consumed, overdrawn
+from devicehost.host.inventory import (
+    DEVICE_PLUGIN,
+    DRA,
+    RELEASE,
+    Inventory,
+    amounts,
+    consumed,
+    overdrawn,
+    plain,
+)
 from devicehost.host.release import ReleaseTracker
 from devicehost.host.serving.table import DeviceTable
 from devicehost_dra_example import DraExampleBackend, Settings
@@ -202,7 +211,7 @@ def test_a_card_held_whole_masks_its_partitions_and_a_partition_masks_the_card()
     table.hold("pods", DEVICE_PLUGIN, ["x1-0-p2"])
     assert table.view().masked(DRA) == {"x1-0", "x1-0-p2"}
     assert table.view().masked(DEVICE_PLUGIN) == {"x1-0"}
-    assert table.view().counter_sets_left() == {"x1-0": {"memory": str(24 * 2**30)}}
+    assert table.view().counter_sets_left() == {"x1-0": {"memory": "24Gi"}}
     assert table.view().refusal(DRA, ["x1-0-p0", "x1-0-p1", "x1-0-p3"]) is None
     assert table.view().refusal(DRA, ["x1-0-p2"]) == "'x1-0-p2' is held through the device plugin API"
 
@@ -277,7 +286,7 @@ def test_a_device_that_overdraws_alone_is_the_backends_mistake_not_a_hold() -> N
     view = table.view()
     assert view.masked(DRA) == {"p0"}  # p1 stays as the backend declared it
     assert view.refusal(DEVICE_PLUGIN, ["p1"]) is None
-    assert view.counter_sets_left() == {"gpu-0": {"memory": str(8 * 2**30)}}
+    assert view.counter_sets_left() == {"gpu-0": {"memory": "8Gi"}}
 
 
 async def test_a_look_without_an_answer_keeps_the_holds_and_lets_unlisted_allocations_go(
@@ -294,3 +303,18 @@ async def test_a_look_without_an_answer_keeps_the_holds_and_lets_unlisted_alloca
     await tracker.look()
     assert tracker.status.startswith("paused")
     assert table.inventory.holders() == {"allocated": ("device-plugin", {"b"})}
+
+
+@pytest.mark.parametrize(
+    ("amount", "text"),
+    [
+        (Decimal(24 * 2**30), "24Gi"),
+        (Decimal(75), "75"),
+        (Decimal(1000), "1000"),
+        (Decimal("0.5"), "0.5"),
+        (Decimal(0), "0"),
+    ],
+)
+def test_amounts_are_written_as_quantities_a_person_reads(amount: Decimal, text: str) -> None:
+    assert plain(amount) == text
+    assert quantity.parse(text) == amount

@@ -71,11 +71,16 @@ def overdrawn(counters: Amounts, used: Amounts) -> tuple[str, str] | None:
     return next((key for key in sorted(used) if used[key] > counters.get(key, Decimal(0))), None)
 
 
+BINARY_SUFFIXES = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+
+
 def plain(amount: Decimal) -> str:
-    """An amount as a quantity the API server takes (``25769803776``, ``0.5``)."""
-    if amount == amount.to_integral_value():
-        return str(int(amount))
-    return format(amount.normalize(), "f")
+    """An amount as a quantity the API server takes, as a person reads it (``24Gi``, ``75``, ``0.5``)."""
+    if amount != amount.to_integral_value():
+        return format(amount.normalize(), "f")
+    whole = int(amount)
+    suffix = next(((s, f) for s, f in BINARY_SUFFIXES if whole >= f and whole % f == 0), None)
+    return f"{whole // suffix[1]}{suffix[0]}" if suffix else str(whole)
 
 
 class Inventory:
@@ -165,6 +170,7 @@ class View:
         dra: frozenset[str],
     ) -> None:
         self._devices = devices
+        self._declared = counter_sets
         self._counters = amounts(counter_sets)
         self._held: dict[Side, frozenset[str]] = {DEVICE_PLUGIN: device_plugin, DRA: dra}
         self._masked: dict[Side, frozenset[str]] = {}
@@ -175,9 +181,6 @@ class View:
         )
         """Devices that overdraw a counter set alone: the backend's mistake (conformance's
         ``dra-counters`` names it), which the counter math leaves out."""
-
-    def held(self, side: Side) -> frozenset[str]:
-        return self._held[side]
 
     def masked(self, side: Side) -> frozenset[str]:
         """The devices ``side`` must not give out, which it does not hold itself: held through the
@@ -217,12 +220,13 @@ class View:
 
     def counter_sets_left(self) -> dict[str, dict[str, str]]:
         """The counter sets as DRA publishes them: what the device plugin side's holds leave (the
-        scheduler counts its own claims)."""
+        scheduler counts its own claims); a counter they take nothing of, as declared."""
         taken = self._consumed(self._held[DEVICE_PLUGIN] - self._held[DRA])
         left: dict[str, dict[str, str]] = {}
         for (name, counter), amount in self._counters.items():
-            rest = max(Decimal(0), amount - taken.get((name, counter), Decimal(0)))
-            left.setdefault(name, {})[counter] = plain(rest)
+            used = taken.get((name, counter), Decimal(0))
+            declared = str(self._declared[name][counter])
+            left.setdefault(name, {})[counter] = plain(max(Decimal(0), amount - used)) if used else declared
         return left
 
     def _consumed(self, ids: Iterable[str]) -> Amounts:
