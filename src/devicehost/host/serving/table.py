@@ -9,8 +9,9 @@ Devices being released (the backend's release hook is running) are advertised Un
 whatever their health, so the kubelet does not hand them out half-scrubbed; so are the devices
 *masked* for the device plugin side by the resource's :class:`~devicehost.host.inventory.Inventory`
 (held through DRA, or overdrawing a counter set with what both APIs hold). Their own health is
-kept and advertised again once the release or the other API's hold ends. Every change of the
-holds bumps ``version`` too: the ListAndWatch streams and the DRA publisher both follow it.
+kept and advertised again once the release or the other API's hold ends. A change of the holds
+that changes what either API offers bumps ``version`` too: the ListAndWatch streams and the DRA
+publisher both follow it (a change only DRA sees keeps the built message, so streams send nothing).
 """
 
 from __future__ import annotations
@@ -142,15 +143,15 @@ class DeviceTable:
         if not changed:
             return False
         built = self._message
-        held = self._unhealthy()
+        unhealthy = self._unhealthy()
         self._bump()
         if built is not None:  # health only: the order and every other field stay as built
             patched = api_pb2.ListAndWatchResponse()
             patched.CopyFrom(built)
             position = {device_id: n for n, device_id in enumerate(self._devices)}
             for device_id, value in changed.items():
-                if device_id in held:
-                    continue  # advertised Unhealthy until its hold ends
+                if device_id in unhealthy:
+                    continue  # advertised Unhealthy until its release or mask ends
                 patched.devices[position[device_id]].health = value.value
             self._message = patched
         return True
