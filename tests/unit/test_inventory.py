@@ -34,6 +34,7 @@ from devicehost.host.inventory import (
     plain,
 )
 from devicehost.host.release import ReleaseTracker
+from devicehost.host.serving import wire
 from devicehost.host.serving.table import DeviceTable
 from devicehost_dra_example import DraExampleBackend, Settings
 from devicehost_dra_example.net import DraExampleNetBackend, NetSettings
@@ -318,3 +319,29 @@ async def test_a_look_without_an_answer_keeps_the_holds_and_lets_unlisted_alloca
 def test_amounts_are_written_as_quantities_a_person_reads(amount: Decimal, text: str) -> None:
     assert plain(amount) == text
     assert quantity.parse(text) == amount
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_message_with_holds_is_what_a_full_rebuild_of_the_advertised_list_gives(
+    data: st.DataObject,
+) -> None:
+    counters = {"card": {"slices": 4}}
+    devices = [Device("card", consumes={"card": {"slices": 4}})] + [
+        Device(f"part-{n}", consumes={"card": {"slices": 1}}) for n in range(4)
+    ]
+    table = DeviceTable(devices, counters)
+    ids = [d.id for d in devices]
+    for _ in range(data.draw(st.integers(1, 12))):
+        table.message()  # built, so the next health change patches it
+        action = data.draw(st.sampled_from(["health", "hold", "release", "pods"]))
+        chosen = data.draw(st.lists(st.sampled_from(ids), max_size=2, unique=True))
+        if action == "health":
+            table.set_health({i: data.draw(st.sampled_from(list(Health))) for i in chosen})
+        elif action == "hold":
+            table.hold("claims", DRA, chosen, data.draw(st.booleans()))
+        elif action == "release":
+            table.hold(RELEASE, DEVICE_PLUGIN, chosen, data.draw(st.booleans()))
+        else:
+            table.follow_pods(chosen, now=0.0, grace=10.0)
+        assert table.message() == wire.device_list(table.advertised())
