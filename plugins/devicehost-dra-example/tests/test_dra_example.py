@@ -180,16 +180,9 @@ def test_an_operators_serve_through_wins_over_the_backends_default() -> None:
     from devicehost.host.config import HostConfig
 
     (resource,) = DraExampleBackend().devicehost_discover()
-    drivers = DraDrivers(
-        HostConfig(serve_through={"dra-example": "both"}, node_name="n"),
-        "t",
-        device_plugin_holds=lambda r: frozenset(),
-    )
+    drivers = DraDrivers(HostConfig(serve_through={"dra-example": "both"}, node_name="n"), "t")
     assert drivers.api("dra-example", resource) == "both"
-    assert (
-        DraDrivers(HostConfig(), "t", device_plugin_holds=lambda r: frozenset()).api("dra-example", resource)
-        == "dra"
-    )
+    assert DraDrivers(HostConfig(), "t").api("dra-example", resource) == "dra"
 
 
 async def test_partitions_draw_on_their_gpus_shared_counters(root: Path) -> None:
