@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -21,12 +23,14 @@ import pytest
 from drafakes import dra_root
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from probing import free_port
 from waiting import eventually
 
 from devicehost import Health
 from devicehost.host import release
 from devicehost.host.daemon import Host
 from devicehost.host.inventory import amounts, consumed, overdrawn
+from devicehost.host.ops.status import document
 from devicehost.standin import AdmissionError, DraCallError, KubeletStandIn
 from devicehost.testing.cluster import ClusterStandIn
 from devicehost.testing.host import beside_kubelet, running_host
@@ -163,6 +167,24 @@ async def test_a_card_dra_holds_leaves_no_partition_to_the_device_plugin_api() -
         await rig.kubelet.dra.unprepare(DRIVER, [ref])
         await within_a_second(lambda: rig.unhealthy() == set(), "the card and partitions free again")
         await rig.kubelet.allocate_ids(RESOURCE, [PARTS[0]])  # given out now
+
+
+async def test_status_says_what_each_api_masks() -> None:
+    port = free_port()
+    async with both(metrics_address=f"127.0.0.1:{port}") as rig:
+        _, error = await rig.prepare(PARTS[1])
+        assert error == ""
+        resource = document(rig.host.snapshot())["resources"][RESOURCE]
+        assert resource["masked"] == {"device-plugin": [FULL, PARTS[1]]}
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "devicehost", "status", "--address", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert f"    masked for device-plugin: {FULL}, {PARTS[1]}\n" in done.stdout
+        assert "    hook timeouts: allocate 10 s, release 10 s, health 10 s\n" in done.stdout
 
 
 async def test_a_partition_dra_holds_masks_the_card_and_leaves_the_others() -> None:
