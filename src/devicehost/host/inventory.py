@@ -184,21 +184,21 @@ class View:
 
     def masked(self, side: Side) -> frozenset[str]:
         """The devices ``side`` must not give out, which it does not hold itself: held through the
-        other side, or overdrawing a counter set with the holds ``side``'s API does not count."""
-        if side not in self._masked and not self._counters:  # no shared counters: the same device only
-            self._masked[side] = frozenset(
-                i for i in self._held[_other(side)] - self._held[side] if i in self._devices
-            )
+        other side, or overdrawing a counter set together with what is held (everything, for the
+        kubelet; for DRA what the device plugin side holds: the scheduler counts its own claims)."""
         if side not in self._masked:
             other = self._held[_other(side)]
             counted = other if side == DRA else other | self._held[side]
-            used = self._consumed(counted)
-            self._masked[side] = frozenset(
-                i
-                for i, device in self._devices.items()
-                if i not in self._held[side]
-                and (i in other or (device.consumes and self._over(used, counted, device) is not None))
-            )
+            if not self._counters or not counted:  # nothing to count: the same device only
+                self._masked[side] = frozenset(i for i in other - self._held[side] if i in self._devices)
+            else:
+                used = self._consumed(counted)
+                self._masked[side] = frozenset(
+                    i
+                    for i, device in self._devices.items()
+                    if i not in self._held[side]
+                    and (i in other or (device.consumes and self._over(used, counted, device) is not None))
+                )
         return self._masked[side]
 
     def refusal(self, side: Side, ids: Collection[str]) -> str | None:
