@@ -32,10 +32,15 @@ def _resource(state: ResourceState) -> dict[str, Any]:
         "releasing": list(state.releasing),
         "failed_tries": state.failed_tries,
         "hook_timeouts": dict(state.hook_timeouts),
-        "masked": {side: list(ids) for side, ids in state.masked.items()},
+        "masked": {side: list(ids) for side, ids in state.masked.items() if _serves(state, side)},
         **({"superseded_by": state.superseded_by} if state.superseded_by else {}),
         **({"dra": asdict(state.dra)} if state.dra is not None else {}),
     }
+
+
+def _serves(state: ResourceState, side: str) -> bool:
+    """Whether the resource is served through ``side`` (``device-plugin`` or ``dra``)."""
+    return bool(state.socket) if side == "device-plugin" else state.dra is not None
 
 
 def _reloads(reloads: ReloadState) -> dict[str, Any]:
