@@ -6,9 +6,11 @@ configuration checked by the backend's model, and its admin access), writes what
 CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
 before answering; asked again, it answers the same. Unprepare calls the release hook for the
 claim's devices that no other prepared claim takes (an admin-access claim may share a device
-with a normal one), removes the spec and forgets the claim. While prepared, a device is
-advertised Unhealthy to the device plugin side, so a resource served through both APIs never
-hands one device out twice.
+with a normal one), removes the spec and forgets the claim. From the moment its devices are
+picked until it is unprepared, a claim's devices are held through DRA in their resource's
+inventory (:mod:`devicehost.host.inventory`), so a resource served through both APIs never gives
+a device, or a counter's amount, out twice; a claim whose devices the device plugin side holds
+(or would overdraw a counter set with) is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -31,6 +33,7 @@ from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDe
 from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 from devicehost.host.dra.specs import ClaimSpecs
+from devicehost.host.inventory import DRA
 
 if TYPE_CHECKING:
     from devicehost.host.context import HostContext
@@ -38,8 +41,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MASK_REASON = "dra"
-"""Why prepared claims' devices are masked on the device plugin side."""
+HOLDER = "claims"
+"""The holder of the prepared claims' devices in their resources' inventories."""
 READS = 16
 """ResourceClaims read from the API server at once for one driver."""
 READ_TIMEOUT = 10.0
@@ -55,14 +58,12 @@ class Claims:
         cluster: Cluster,
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
-        device_plugin_holds: Callable[[str], frozenset[str]],
         context: HostContext | None = None,
     ) -> None:
         self._driver = driver
         self._cluster = cluster
         self.checkpoint = checkpoint
         self._resources = resources
-        self._device_plugin_holds = device_plugin_holds
         self._lock = asyncio.Lock()
         reads = asyncio.Semaphore(READS)
         self._read = functools.partial(read_bounded, reads, cluster, driver)
@@ -135,20 +136,21 @@ class Claims:
     async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
         namespace, uid, name = read.namespace, read.uid, read.name
         kind = self.specs.kind(uid)
-        asked = requests_of(read, self._driver, self._resources, self._device_plugin_holds, self.tainted)
-        devices, spec_devices = await self._allocate(kind, asked)
-        if spec_devices:
-            try:
-                self.specs.write(uid, spec_devices)
-            except (OSError, ValueError) as exc:
-                await self._release(
-                    devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
-                )
-                raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
-        claim = PreparedClaim(uid, namespace, name, tuple(devices))
-        self.checkpoint.add(claim)
-        for resource, ids in claim.by_resource().items():
-            mask(self._resources[resource].server, ids, True)
+        asked = requests_of(read, self._driver, self._resources, self.tainted)
+        with reserved(self._resources, asked, uid):
+            devices, spec_devices = await self._allocate(kind, asked)
+            if spec_devices:
+                try:
+                    self.specs.write(uid, spec_devices)
+                except (OSError, ValueError) as exc:
+                    await self._release(
+                        devices, "its CDI spec could not be written", (f"{namespace}/{name}", uid)
+                    )
+                    raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
+            claim = PreparedClaim(uid, namespace, name, tuple(devices))
+            self.checkpoint.add(claim)
+            for resource, ids in claim.by_resource().items():
+                hold(self._resources[resource].server, ids, True)
         self.prepared += 1
         self.log.info(
             "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
@@ -191,7 +193,7 @@ class Claims:
         self.checkpoint.remove(uid)
         still = self.checkpoint.held()
         for resource, ids in claim.by_resource().items():
-            mask(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
+            hold(self._resources[resource].server, [i for i in ids if (resource, i) not in still], False)
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
 
 
@@ -293,7 +295,7 @@ async def owned(
             for masked, changed in ((True, after - before), (False, before - after)):
                 for resource, ids in by_resource_ids(changed).items():
                     if resource in resources:
-                        mask(resources[resource].server, ids, masked)
+                        hold(resources[resource].server, ids, masked)
             yield
 
 
@@ -305,11 +307,33 @@ def by_resource_ids(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     return grouped
 
 
-def mask(server: ResourceServer, ids: Collection[str], masked: bool) -> None:
-    """Advertise ``ids`` Unhealthy on the device plugin side while prepared claims take them (or stop); a
-    resource served through DRA only has no such side, and its table is left as it is."""
-    if server.device_plugin:
-        server.table.hold(ids, MASK_REASON, masked)
+def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
+    """Prepared claims hold ``ids`` through DRA in the resource's inventory (or no longer do):
+    the device plugin side masks them and what they would overdraw."""
+    server.table.hold(HOLDER, DRA, ids, holding)
+
+
+@contextlib.contextmanager
+def reserved(resources: Mapping[str, Attached], requests: Sequence[Request], uid: str) -> Iterator[None]:
+    """Hold the devices of ``requests`` of the claim ``uid`` through DRA while it is prepared (the
+    device plugin side cannot give them out meanwhile); refused, naming why, when the device plugin
+    side holds one or they would overdraw a counter set with what both APIs hold."""
+    ids: dict[str, list[str]] = {}
+    for request in requests:
+        ids.setdefault(request.resource, []).extend(f.device.id for f in request.found)
+    tables = {resource: resources[resource].server.table for resource in ids}
+    for resource, wanted in ids.items():
+        problem = tables[resource].view().refusal(DRA, wanted)
+        if problem:
+            raise ClaimRefused(f"{resource}: {problem}")
+    holder = f"claim {uid}"
+    for resource, wanted in ids.items():
+        tables[resource].hold(holder, DRA, wanted)
+    try:
+        yield
+    finally:
+        for resource, wanted in ids.items():
+            tables[resource].hold(holder, DRA, wanted, False)
 
 
 async def read_bounded(
