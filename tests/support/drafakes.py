@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,16 +164,6 @@ def _done_task() -> asyncio.Task[None]:
         return None
 
     return asyncio.get_running_loop().create_task(nothing())
-
-
-def no_holds(resource: str) -> frozenset[str]:
-    """The device plugin side holds nothing."""
-    return frozenset()
-
-
-def holds_of(held: Mapping[str, frozenset[str]]) -> Callable[[str], frozenset[str]]:
-    """The device plugin side holds ``held[resource]``."""
-    return lambda resource: held.get(resource, frozenset())
 
 
 def checkpoint_file(tmp_path: Path) -> Path:

@@ -18,8 +18,6 @@ from drafakes import (
     Recorder,
     attached,
     fake_server,
-    holds_of,
-    no_holds,
     widgets,
 )
 from pydantic import BaseModel, ConfigDict
@@ -31,6 +29,7 @@ from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Claims
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from devicehost.host.dra.slices import device_entry
+from devicehost.host.inventory import DEVICE_PLUGIN, PODS
 from devicehost.resourceapi import claim_allocation
 
 DRIVER = "example.com"
@@ -113,8 +112,10 @@ async def rig_of(
             cluster,
             checkpoint,
             {WIDGET: attached(server, POOL)},
-            holds_of(holds) if holds else no_holds,
         )
+        for resource, held in (holds or {}).items():
+            assert resource == WIDGET
+            server.table.hold(PODS, DEVICE_PLUGIN, held)
         yield Rig(cluster, claims, server, plugin)
 
 
@@ -355,7 +356,6 @@ async def test_a_claim_prepared_twice_answers_the_same_without_a_second_allocate
             rig.cluster,
             Checkpoint(rig.claims.checkpoint.path),
             {WIDGET: attached(rig.server, POOL)},
-            no_holds,
         )
         assert restarted.checkpoint.load() is None
         assert (await restarted.prepare([ref]))[ref[1]] == first
@@ -377,7 +377,7 @@ async def test_each_bad_claim_is_refused_alone_with_a_one_line_reason(tmp_path: 
             ): "pool 'node-b/widget' is not served",
             rig.claim("unknown-device", ("gpu", "w9")): "device 'w9' is not in pool 'node-a/widget'",
             rig.claim("unhealthy", ("gpu", "w2")): "device 'w2' of pool 'node-a/widget' is unhealthy",
-            rig.claim("device-plugin", ("gpu", "w3")): "'w3' is allocated through the device plugin",
+            rig.claim("device-plugin", ("gpu", "w3")): "'w3' is held through the device plugin API",
             ("default", "uid-missing", "missing"): "reading ResourceClaim default/missing",
             ("default", "uid-stale", "c-good"): "has UID uid-c-good, not uid-stale",
         }
@@ -539,7 +539,7 @@ async def test_shares_survive_a_restart_in_the_checkpoint(tmp_path: Path) -> Non
     path = tmp_path / "driver" / "claims.json"
     plugin = Recorder()
     with fake_server(plugin, [NIC]) as server:
-        claims = Claims(DRIVER, _Claims(), Checkpoint(path), {WIDGET: attached(server, POOL)}, no_holds)
+        claims = Claims(DRIVER, _Claims(), Checkpoint(path), {WIDGET: attached(server, POOL)})
         device = AllocatedDevice("nic", DRIVER, POOL, "w0", share_id="s1", consumed={"bw": "2G"})
         claims._cluster.claims[("default", "c")] = ClaimAllocation("uid-c", (device,))  # type: ignore[attr-defined]
         answer = (await claims.prepare([("default", "uid-c", "c")]))["uid-c"]
@@ -548,7 +548,7 @@ async def test_shares_survive_a_restart_in_the_checkpoint(tmp_path: Path) -> Non
         assert again.load() is None
         (kept,) = again.claims["uid-c"].devices
         assert (kept.share, dict(kept.consumed)) == ("s1", {"bw": "2G"})
-        restarted = Claims(DRIVER, _Claims(), again, {WIDGET: attached(server, POOL)}, no_holds)
+        restarted = Claims(DRIVER, _Claims(), again, {WIDGET: attached(server, POOL)})
         assert await restarted.unprepare([("default", "uid-c", "c")]) == {"uid-c": ""}
     assert plugin.released_shares == [{"w0": "s1"}]
 

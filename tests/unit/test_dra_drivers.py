@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from drafakes import CountingCluster, Recorder, fake_server, no_holds
+from drafakes import CountingCluster, Recorder, fake_server
 from hostfakes import captured_logs
 
 from devicehost import Device, Resource
@@ -36,7 +36,7 @@ def drivers_of(config: HostConfig, cluster: CountingCluster, made: list[int] | N
             made.append(1)
         return cluster
 
-    return DraDrivers(HostContext(config), "tok", cluster=make, device_plugin_holds=no_holds)
+    return DraDrivers(HostContext(config), "tok", cluster=make)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drafakes import CountingCluster, attached, fake_server, no_holds
+from drafakes import CountingCluster, attached, fake_server
 
 import devicehost
 from devicehost import ClaimRequest, ContainerAllocation, Device, cdi
@@ -86,9 +86,7 @@ async def test_a_start_restores_prepared_claims_and_finishes_those_cut_short(
     )
     plugin = Restoring()
     with fake_server(plugin, CARDS) as server:
-        claims = Claims(
-            DRIVER, CountingCluster(), Checkpoint(path), {WIDGET: attached(server, POOL)}, no_holds
-        )
+        claims = Claims(DRIVER, CountingCluster(), Checkpoint(path), {WIDGET: attached(server, POOL)})
         open_claims(claims)
         spec = cdi_dir / f"devicehost-{DRIVER}_claim-u1.json"
         assert json.loads(spec.read_text()) == a_spec("u1")  # written again before any backend call
@@ -110,9 +108,7 @@ async def test_a_backend_that_refuses_to_restore_a_claim_unprepares_it_alone(
     checkpoint_of(path, PreparedClaim("u1", "default", "c1", (card("w0"),), Phase.PREPARED, a_spec("u1")))
     plugin = Restoring(refuse=True)
     with fake_server(plugin, CARDS) as server:
-        claims = Claims(
-            DRIVER, CountingCluster(), Checkpoint(path), {WIDGET: attached(server, POOL)}, no_holds
-        )
+        claims = Claims(DRIVER, CountingCluster(), Checkpoint(path), {WIDGET: attached(server, POOL)})
         open_claims(claims)
         await restore_resource(claims, WIDGET)
     assert plugin.released == [("w0",)]

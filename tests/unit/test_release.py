@@ -12,7 +12,6 @@ from devicehost.host.config import HostConfig
 from devicehost.host.kubelet.pod_resources import PodResourcesError, list_holders
 from devicehost.host.release import (
     ReleaseTracker,
-    device_plugin_holds,
     missing,
     released_sets,
     tracker_for,
@@ -53,7 +52,6 @@ def test_missing_is_what_was_held_and_is_no_more() -> None:
 def test_without_device_release_nothing_is_tracked_and_nothing_is_held(tmp_path: Path) -> None:
     config = HostConfig(device_release=False, device_plugins_dir=tmp_path)
     assert tracker_for(config, dict) is None
-    assert device_plugin_holds(None)(WIDGET) == frozenset()
     state = ResourceState(WIDGET, "ex", "w.sock", True, 1, {"Healthy": 2}, {}, 0, 0, {})
     assert with_holders(None, state) is state
 
@@ -66,7 +64,7 @@ async def test_a_look_reads_who_holds_what_and_a_device_gone_twice_is_released(
     assert await list_holders(socket, 5) == {WIDGET: {"w0": APP, "w1": APP}}
     tracker = ReleaseTracker(socket, short_tmp, 60, dict)
     await tracker.look()
-    assert (tracker.status, device_plugin_holds(tracker)(WIDGET)) == ("on", frozenset({"w0", "w1"}))
+    assert (tracker.status, set(tracker.holders[WIDGET])) == ("on", {"w0", "w1"})
     state = ResourceState(WIDGET, "ex", "w.sock", True, 1, {"Healthy": 3}, {}, 0, 0, {})
     assert with_holders(tracker, state).holders == {"w0": APP, "w1": APP}
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from devicehost.host.ops.status import document
-from devicehost.host.state import BackendState, Holder, HostState, KubeletState, ResourceState
+from devicehost.host.state import BackendState, DraState, Holder, HostState, KubeletState, ResourceState
 
 WIDGET = "example.com/widget"
 GADGET = "example.com/gadget"
@@ -30,6 +30,8 @@ def widget(*, registered: bool = True) -> ResourceState:
         holders={"widget-1": Holder("team-a", "trainer-0", "main")},
         releases=2,
         releasing=("widget-3",),
+        hook_timeouts={"allocate": 40.0, "release": 10.0, "health": 10.0},
+        masked={"device-plugin": ("widget-2",)},
     )
 
 
@@ -90,6 +92,8 @@ def test_document_has_todays_shape() -> None:
                 "releases": 0,
                 "releasing": [],
                 "failed_tries": 0,
+                "hook_timeouts": {},
+                "masked": {},
             },
             WIDGET: {
                 "backend": "alpha",
@@ -104,6 +108,8 @@ def test_document_has_todays_shape() -> None:
                 "releases": 2,
                 "releasing": ["widget-3"],
                 "failed_tries": 0,
+                "hook_timeouts": {"allocate": 40.0, "release": 10.0, "health": 10.0},
+                "masked": {"device-plugin": ["widget-2"]},
             },
         },
         "device_release": "on",
@@ -115,6 +121,18 @@ def test_document_has_todays_shape() -> None:
             "backend alpha: devicehost_health stuck past the hook timeout",
         ],
     }
+
+
+def test_masked_devices_are_shown_for_the_apis_the_resource_is_served_through() -> None:
+    masked = {"device-plugin": ("widget-2",), "dra": ("widget-3",)}
+    only_dp = dataclasses.replace(widget(), masked=masked)
+    only_dra = dataclasses.replace(
+        widget(), socket="", masked=masked, dra=DraState("example.com", True, True, "node-a-widget", 1)
+    )
+    assert document(state(resources=(only_dp,)))["resources"][WIDGET]["masked"] == {
+        "device-plugin": ["widget-2"]
+    }
+    assert document(state(resources=(only_dra,)))["resources"][WIDGET]["masked"] == {"dra": ["widget-3"]}
 
 
 def test_document_lists_loaded_backends_first_and_resources_by_name() -> None:

@@ -193,13 +193,9 @@ def test_an_operators_serve_through_wins_over_the_backends_default() -> None:
     from devicehost.host.context import HostContext
 
     (resource,) = DraExampleBackend().devicehost_discover()
-    drivers = DraDrivers(
-        HostContext(HostConfig(serve_through={"dra-example": "both"}, node_name="n")),
-        "t",
-        device_plugin_holds=lambda r: frozenset(),
-    )
+    drivers = DraDrivers(HostContext(HostConfig(serve_through={"dra-example": "both"}, node_name="n")), "t")
     assert drivers.api("dra-example", resource) == "both"
-    plain = DraDrivers(HostContext(HostConfig()), "t", device_plugin_holds=lambda r: frozenset())
+    plain = DraDrivers(HostContext(HostConfig()), "t")
     assert plain.api("dra-example", resource) == "dra"
 
 

@@ -20,6 +20,7 @@ from devicehost.hookspecs.types import (
     DeviceCondition,
     DeviceSpec,
     DeviceStatus,
+    HookTimeouts,
     Mount,
     NetworkData,
     Resource,
@@ -195,9 +196,34 @@ def discovery_problem(answer: object) -> str | None:
                 f"{resource.name}: unhealthy_taint {resource.unhealthy_taint!r:.100} must be one of"
                 f" {', '.join(map(repr, TAINT_EFFECTS[1:]))} or None"
             )
-        problem = counter_sets_problem(resource)
+        problem = counter_sets_problem(resource) or hook_timeouts_problem(resource.hook_timeouts)
         if problem:
             return f"{resource.name}: {problem}"
+    return None
+
+
+HOOK_TIMEOUT_LIMITS = {"allocate": 45.0, "release": 45.0, "health": 30.0}
+"""The most seconds a resource may declare for each hook (:class:`HookTimeouts`): what the kubelet
+allows the call that waits on it. NodePrepareResources and NodeUnprepareResources, which wait on
+allocate and release, get 45 s; the DRA health stream counts a driver silent for 30 s as gone. The
+device plugin API's Allocate has no deadline at the kubelet (it would wait for ever, holding the
+pod's admission): the same bounds apply there."""
+
+
+def hook_timeouts_problem(timeouts: object) -> str | None:
+    """A resource's :class:`HookTimeouts`: each None or a positive number of seconds within
+    :data:`HOOK_TIMEOUT_LIMITS`."""
+    if not isinstance(timeouts, HookTimeouts):
+        return f"hook_timeouts must be a devicehost.HookTimeouts, got {timeouts!r:.100}"
+    for hook, limit in HOOK_TIMEOUT_LIMITS.items():
+        value = getattr(timeouts, hook)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit:
+            return (
+                f"hook_timeouts.{hook} {value!r:.100} must be a number of seconds above 0 and at most"
+                f" {limit:g} (what the kubelet allows the call)"
+            )
     return None
 
 

@@ -70,6 +70,25 @@ TaintEffect = Literal["NoSchedule", "NoExecute", "none"]
 """DRA: the effect of an unhealthy device's taint, or ``none``: the device is withdrawn instead."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class HookTimeouts:
+    """Seconds a resource's hooks may take, where its hardware needs longer (or less) than the
+    host's ``hook_timeout``: ``Resource(..., hook_timeouts=HookTimeouts(allocate=40))``.
+
+    Each is at most what the kubelet allows the call that waits on the hook
+    (:data:`devicehost.hookspecs.rules.HOOK_TIMEOUT_LIMITS`); None: the host's ``hook_timeout``.
+    A hook past its own bound fails that call alone, as with the host's.
+
+    :param allocate: ``devicehost_allocate`` (a device plugin Allocate, a claim's prepare): at most 45 s.
+    :param release: ``devicehost_release`` (a device release, a claim's unprepare): at most 45 s.
+    :param health: ``devicehost_health`` (one poll): at most 30 s.
+    """
+
+    allocate: float | None = None
+    release: float | None = None
+    health: float | None = None
+
+
 class Version(str):
     """DRA only: a device attribute that is a semantic version (``Version("1.0.0")``).
 
@@ -204,6 +223,8 @@ class Resource:
     :param device_metadata: DRA only: containers of a claim find its devices' metadata (their
         attributes, KEP-5304) under ``/var/run/kubernetes.io/dra-device-attributes/``, which the
         host writes and mounts with the claim's CDI specs.
+    :param hook_timeouts: seconds its allocate, release and health hooks may take
+        (:class:`HookTimeouts`); unset ones take the host's ``hook_timeout``.
     """
 
     name: str
@@ -214,6 +235,7 @@ class Resource:
     )
     unhealthy_taint: TaintEffect | None = field(default=None, kw_only=True)
     device_metadata: bool = field(default=False, kw_only=True)
+    hook_timeouts: HookTimeouts = field(default_factory=HookTimeouts, kw_only=True)
 
     def __post_init__(self) -> None:
         """Refuse devices that are not :class:`Device`, naming the first; a list becomes a tuple."""

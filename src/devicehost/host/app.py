@@ -39,7 +39,7 @@ from devicehost.host.kubelet.client import KubeletClient
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
 from devicehost.host.logs import drain_native_stderr
 from devicehost.host.peers import PeerWatch
-from devicehost.host.release import device_plugin_holds, tracker_for
+from devicehost.host.release import tracker_for
 from devicehost.host.serving.mode import for_mode
 from devicehost.host.serving.resource import ResourceServer, Serving
 from devicehost.host.sockets import new_token, remove_stale
@@ -126,12 +126,11 @@ def compose(
     resources: dict[str, ResourceServer] = {}
     wake = asyncio.Event()
     observe = observe_allocation or _no_observer
-    serving = Serving(context, registration, new_token(), wake.set, observe)
+    serving = Serving(context, registration, new_token(), wake.set, observe, config.device_release)
     release = tracker_for(config, lambda: resources)
     if release is not None:  # the checkpoint file's changes are its trigger to look
         watch.subscribe(release.poke)
-    holds = device_plugin_holds(release)
-    dra = DraDrivers(context, serving.token, cluster=cluster, device_plugin_holds=holds)
+    dra = DraDrivers(context, serving.token, cluster=cluster)
     peers = PeerWatch(registration.directory, serving.token, lambda: list(resources.values()))
     watch.subscribe(peers.on_dir_change)  # another host's sockets come and go in this dir
     backend_set = BackendSet(backends, failed_backends, context)

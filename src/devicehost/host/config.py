@@ -151,7 +151,8 @@ class HostConfig(BaseModel):
         5.0, description="seconds between health polls"
     )
     hook_timeout: Annotated[PositiveFloat, IN_PLACE] = Field(
-        10.0, description="seconds a hook may run before it counts as hung"
+        10.0,
+        description="seconds a hook may run before it counts as hung (a resource's own HookTimeouts win)",
     )
     register_timeout: Annotated[PositiveFloat, IN_PLACE] = Field(
         5.0, description="seconds a Register call to the kubelet may take"

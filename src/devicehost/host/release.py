@@ -12,12 +12,21 @@ devices allocated before the host started are released when their pods end.
 
 A missing socket or a kubelet that does not answer pauses release (said once per change) and
 changes nothing: only an answer from the kubelet can release a device.
+
+Each look also tells every served resource's inventory what the device plugin side holds (what
+the kubelet lists, and what it listed before and has not confirmed gone), so DRA cannot give out
+a device, or a counter's amount, that a container holds; a device stays held while its release
+hook runs. A device Allocate gave out counts as held from that moment
+(:meth:`~devicehost.host.serving.table.DeviceTable.allocating`), until the kubelet lists it or
+has not listed it within :data:`ALLOCATED_GRACE` seconds (a look that gets no answer keeps the
+last answer's holds and lets go of what it never listed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -27,6 +36,7 @@ import structlog
 
 from devicehost.host.backends.backend import HookError
 from devicehost.host.config import HostConfig
+from devicehost.host.inventory import DEVICE_PLUGIN, RELEASE
 from devicehost.host.kubelet.pod_resources import Holders, PodResourcesError, list_holders
 from devicehost.host.kubelet.socket_watch import file_identity
 from devicehost.host.serving.resource import ResourceServer
@@ -39,6 +49,9 @@ CHECKPOINT = "kubelet_internal_checkpoint"
 CONFIRM_DELAY = 1.0
 """Seconds until the look that confirms a device is gone."""
 LIST_TIMEOUT = 5.0
+ALLOCATED_GRACE = 10.0
+"""Seconds a device Allocate gave out stays held without the kubelet listing it (its pod was
+refused after the Allocate, or the kubelet is slow to list it)."""
 
 DeviceKey = tuple[str, str]
 """(resource, device ID)."""
@@ -71,14 +84,6 @@ def tracker_for(
     return ReleaseTracker(
         config.pod_resources_socket, config.device_plugins_dir, config.pod_resources_interval, servers
     )
-
-
-def device_plugin_holds(tracker: ReleaseTracker | None) -> Callable[[str], frozenset[str]]:
-    """The device IDs of a resource containers hold through the device plugin, as the kubelet's
-    pod-resources API last said; nothing is known without device release."""
-    if tracker is None:
-        return lambda resource: frozenset()
-    return lambda resource: frozenset(tracker.holders.get(resource, {}))
 
 
 def with_holders(tracker: ReleaseTracker | None, state: ResourceState) -> ResourceState:
@@ -142,6 +147,7 @@ class ReleaseTracker:
             now = await list_holders(self.socket, LIST_TIMEOUT)
         except PodResourcesError as exc:
             self._say(f"paused: {exc}")
+            self._follow()  # the last answer stands; what it never listed is let go after the grace
             return
         self._say("on")
         gone = missing(self._seen, now)
@@ -153,6 +159,13 @@ class ReleaseTracker:
             self._seen.setdefault(resource, {})[device_id] = holder
         for (resource, holder), ids in released_sets(confirmed).items():
             self._release(resource, holder, ids)
+        self._follow()
+
+    def _follow(self) -> None:
+        """Tell each served resource's inventory what containers hold, as far as the kubelet said."""
+        now = time.monotonic()
+        for resource, server in self._servers().items():
+            server.table.follow_pods(self._seen.get(resource, {}), now, ALLOCATED_GRACE)
 
     async def wait_idle(self) -> None:
         """Wait for the release hooks running now."""
@@ -170,12 +183,12 @@ class ReleaseTracker:
         server = self._servers().get(resource)
         if server is None or not server.backend.implements("devicehost_release"):
             return
+        server.table.hold(RELEASE, DEVICE_PLUGIN, ids)  # held from now: no look or claim sees it free
         task = asyncio.create_task(self._run_hook(server, holder, ids), name=f"release {resource}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
     async def _run_hook(self, server: ResourceServer, holder: Holder, ids: tuple[str, ...]) -> None:
-        server.table.hold_for_release(ids, True)
         server.log.info("releasing devices", devices=list(ids), was_held_by=str(holder))
         try:
             await server.backend.release(server.name, ids)
@@ -184,5 +197,5 @@ class ReleaseTracker:
         else:
             server.log.info("devices released", devices=list(ids))
         finally:
-            server.table.hold_for_release(ids, False)
+            server.table.hold(RELEASE, DEVICE_PLUGIN, ids, False)
             self.releases[server.name] += 1

@@ -125,6 +125,11 @@ class ResourceState:
     """How the resource is served through DRA; None: through the device plugin API only."""
     superseded_by: str = ""
     """Another host's socket registered for this resource after ours (then not ``registered``)."""
+    hook_timeouts: Mapping[str, float] = field(default_factory=dict)
+    """Seconds its allocate, release and health hooks may take (declared, else ``hook_timeout``)."""
+    masked: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Devices each API (``device-plugin``, ``dra``) must not give out because the other holds
+    them or what they share: advertised Unhealthy, or withdrawn from the slices."""
 
     @property
     def device_count(self) -> int:

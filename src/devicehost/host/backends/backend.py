@@ -79,6 +79,10 @@ class ClaimConfigRefused(HookError):
         self.problems = tuple(problems)
 
 
+DECLARED = {"devicehost_allocate": "allocate", "devicehost_release": "release", "devicehost_health": "health"}
+"""The hooks whose seconds a resource may declare (:class:`HookTimeouts`), by their field."""
+
+
 class BackendContractError(Exception):
     """The backend object breaks the contract; it is not loaded."""
 
@@ -278,8 +282,8 @@ class Backend:
         return bool(self._threads.running)
 
     def stuck_hooks(self) -> list[str]:
-        """Hooks still running past the hook timeout (their threads never came back)."""
-        return self._threads.stuck(self.link.hook_timeout)
+        """Hooks still running past their bound (their threads never came back)."""
+        return self._threads.stuck()
 
     def implements(self, hook: str) -> bool:
         """Whether the backend has an implementation of ``hook``."""
@@ -296,15 +300,12 @@ class Backend:
             raise BackendBusy(self.name, hook, str(exc)) from None
         except Closed as exc:
             raise HookError(self.name, hook, str(exc)) from None
-        except Expired:
+        except Expired as exc:
             self.failures[hook] += 1
-            raise HookTimeout(
-                self.name, hook, f"did not return within {self.link.hook_timeout:g} s"
-            ) from None
+            raise HookTimeout(self.name, hook, f"did not return within {exc}") from None
         except Exception as exc:
             self.failures[hook] += 1
-            # Where the hook raised, for whoever debugs the backend: the error lines callers log
-            # carry the exception's one-line text only (and a debug line below the level is free).
+            # The traceback for whoever debugs the backend (callers log the one-line text only).
             log.debug("hook raised", backend=self.name, hook=hook, exc_info=exc)
             raise HookError(self.name, hook, f"raised {type(exc).__name__}: {exc}") from exc
 
@@ -326,6 +327,7 @@ class Backend:
         problem = rules.discovery_problem(answer) or self._binding_hook_problem(answer)
         if problem:
             raise self.refuse("devicehost_discover", problem)
+        self._threads.bounds = declared_bounds(answer)
         return list(answer)
 
     async def health(self, resource: str, devices: tuple[Device, ...]) -> dict[str, Health]:
@@ -401,6 +403,22 @@ class Backend:
             return None
         return f"device {bound[0]!r} has binding_conditions, but devicehost_device_status is not implemented"
 
+    def resource_timeouts(self, resource: str) -> dict[str, float]:
+        """The seconds each hook whose bound a resource may declare may take for ``resource``: its
+        own, else the host's hook timeout."""
+        bounds = self._threads.bounds
+        return {
+            field: bounds.get((hook, resource), self.link.hook_timeout) for hook, field in DECLARED.items()
+        }
+
     def close(self) -> None:
         """Let the backend's threads go; hung ones finish in the background."""
         self._threads.close()
+
+
+def declared_bounds(resources: Sequence[Resource]) -> dict[tuple[str, str], float]:
+    """The seconds the resources declared for their hooks (:class:`HookTimeouts`), by (hook, resource)."""
+    declared = (
+        (hook, r.name, getattr(r.hook_timeouts, field)) for r in resources for hook, field in DECLARED.items()
+    )
+    return {(hook, name): float(seconds) for hook, name, seconds in declared if seconds is not None}

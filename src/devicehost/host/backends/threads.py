@@ -1,4 +1,5 @@
-"""A backend's own threads: at most ``MAX_THREADS_PER_BACKEND`` hook calls at once, each with a deadline.
+"""A backend's own threads: at most ``MAX_THREADS_PER_BACKEND`` hook calls at once, each with a deadline:
+the caller's seconds (the host's ``hook_timeout``), or the bound the call's resource declared for the hook.
 
 The hand-off is one ``submit`` and one ``call_soon_threadsafe`` back: the answer lands in a loop
 future of our own, which a timer fails at the deadline. Nothing but us holds that future, so a
@@ -21,7 +22,8 @@ MAX_THREADS_PER_BACKEND = 8
 
 
 class Expired(Exception):
-    """The call passed its deadline (a hook's own ``TimeoutError`` stays its own)."""
+    """The call passed its deadline (a hook's own ``TimeoutError`` stays its own); the text is its
+    bound (``10 s``)."""
 
 
 class NoThread(Exception):
@@ -37,26 +39,32 @@ class HookThreads:
 
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(MAX_THREADS_PER_BACKEND, thread_name_prefix=f"backend-{name}")
-        self.running: dict[int, tuple[str, float]] = {}
-        """Calls whose thread has not come back: hook name and when it started."""
+        self.running: dict[int, tuple[str, float, float]] = {}
+        """Calls whose thread has not come back: hook name, when it started, and its seconds."""
         self._slots = asyncio.Semaphore(MAX_THREADS_PER_BACKEND)
         """Calls wait for a free thread (within their deadline) instead of queueing in the pool."""
         self._call_ids = itertools.count()
+        self.bounds: dict[tuple[str, str], float] = {}
+        """Seconds by (hook, resource) that a call for that resource takes instead of the caller's."""
 
-    def stuck(self, timeout: float) -> list[str]:
-        """Hooks still running more than ``timeout`` seconds after they started."""
-        deadline = time.monotonic() - timeout
-        return [hook for hook, started in list(self.running.values()) if started < deadline]
+    def stuck(self) -> list[str]:
+        """Hooks still running past their own deadline."""
+        now = time.monotonic()
+        return [hook for hook, started, seconds in list(self.running.values()) if started + seconds < now]
 
     async def call(
         self, hook: str, caller: Callable[..., Any], kwargs: dict[str, Any], seconds: float
     ) -> Any:
         """``caller(**kwargs)`` in a thread; its answer, or what it raised.
 
-        :raises NoThread: no thread freed up within ``seconds``.
-        :raises Expired: the call did not return within ``seconds`` (waiting for a thread included).
+        ``seconds`` is the call's bound, unless :attr:`bounds` has one for ``hook`` and
+        ``kwargs["resource"]``.
+
+        :raises NoThread: no thread freed up within the bound.
+        :raises Expired: the call did not return within the bound (waiting for a thread included).
         :raises Closed: the threads were let go.
         """
+        seconds = self.bounds.get((hook, kwargs.get("resource", "")), seconds)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         if self._slots.locked():  # only then can acquiring wait: bound the wait
@@ -70,9 +78,9 @@ class HookThreads:
         else:
             await self._slots.acquire()
         call_id = next(self._call_ids)
-        self.running[call_id] = (hook, time.monotonic())
+        self.running[call_id] = (hook, time.monotonic(), seconds)
         answer = loop.create_future()
-        timer = loop.call_at(deadline, _expire, answer)
+        timer = loop.call_at(deadline, _expire, answer, seconds)
         try:
             context = contextvars.copy_context()
             self._executor.submit(_run, loop, self._settle, answer, call_id, context, caller, kwargs)
@@ -105,9 +113,9 @@ class HookThreads:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _expire(answer: asyncio.Future[Any]) -> None:
+def _expire(answer: asyncio.Future[Any], seconds: float) -> None:
     if not answer.done():
-        answer.set_exception(Expired())
+        answer.set_exception(Expired(f"{seconds:g} s"))
 
 
 def _run(

@@ -10,7 +10,7 @@ request whose configuration the backend's model refuses fails the claim
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -90,16 +90,15 @@ def requests_of(
     claim: ClaimAllocation,
     driver: str,
     resources: Mapping[str, Attached],
-    device_plugin_holds: Callable[[str], frozenset[str]],
     tainted: bool,
 ) -> list[Request]:
     """The allocate calls that prepare ``claim``'s devices of ``driver``: each device found and
     checked (:func:`pick`), each request's configuration checked by the backend's model, before
     anything is allocated.
 
-    :raises ClaimRefused: a device is not served, unhealthy or taken, or a configuration refused.
+    :raises ClaimRefused: a device is not served or unhealthy, or a configuration refused.
     """
-    picked = pick(claim.devices_of(driver), resources, device_plugin_holds, tainted)
+    picked = pick(claim.devices_of(driver), resources, tainted)
     return [
         Request(resource, resources[resource], found, claim_request(claim, driver, request, found))
         for (resource, request), found in picked.items()
@@ -109,7 +108,6 @@ def requests_of(
 def pick(
     allocated: Sequence[AllocatedDevice],
     resources: Mapping[str, Attached],
-    device_plugin_holds: Callable[[str], frozenset[str]],
     tainted: bool = False,
 ) -> dict[tuple[str, str], list[Found]]:
     """The allocated devices by (resource, request), each found and checked; an unhealthy one only
@@ -123,8 +121,6 @@ def pick(
         if found.health is not Health.HEALTHY and not tainted:  # asked again: it may recover
             raise ClaimRefused(f"device {device.device!r} of pool {device.pool!r} is unhealthy")
         resource = attached.server.name
-        if found.id in device_plugin_holds(resource):
-            raise ClaimRefused(f"{resource}: {found.id!r} is allocated through the device plugin")
         same = picked.setdefault((resource, device.request), [])
         if any(p.allocated.device == device.device for p in same):
             raise ClaimRefused(f"device {device.device!r} is allocated twice to request {device.request!r}")

@@ -6,9 +6,11 @@ configuration checked by the backend's model, and its admin access), writes what
 CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
 before answering; asked again, it answers the same. Unprepare calls the release hook for the
 claim's devices that no other prepared claim takes (an admin-access claim may share a device
-with a normal one), removes the spec and forgets the claim. While prepared, a device is
-advertised Unhealthy to the device plugin side, so a resource served through both APIs never
-hands one device out twice.
+with a normal one), removes the spec and forgets the claim. From the moment its devices are
+picked until it is unprepared, a claim's devices are held through DRA in their resource's
+inventory (:mod:`devicehost.host.inventory`), so a resource served through both APIs never gives
+a device, or a counter's amount, out twice; a claim whose devices the device plugin side holds
+(or would overdraw a counter set with) is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,7 @@ from devicehost.host.dra.checkpoint import Checkpoint, Phase, PreparedClaim, Pre
 from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 from devicehost.host.dra.specs import ClaimSpecs
+from devicehost.host.inventory import DRA
 
 if TYPE_CHECKING:
     from devicehost.host.context import HostContext
@@ -39,8 +42,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MASK_REASON = "dra"
-"""Why prepared claims' devices are masked on the device plugin side."""
+HOLDER = "claims"
+"""The holder of the prepared claims' devices in their resources' inventories."""
 READS = 16
 """ResourceClaims read from the API server at once for one driver."""
 READ_TIMEOUT = 10.0
@@ -56,13 +59,11 @@ class ClaimSteps:
         driver: str,
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
-        device_plugin_holds: Callable[[str], frozenset[str]],
         context: HostContext | None = None,
     ) -> None:
         self.driver = driver
         self.checkpoint = checkpoint
         self.resources = resources
-        self._device_plugin_holds = device_plugin_holds
         self.prepared = 0
         self.tainted = False
         """Unhealthy devices are published with a taint: the scheduler gave one only to a claim
@@ -86,24 +87,25 @@ class ClaimSteps:
 
     async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
         namespace, uid, name = read.namespace, read.uid, read.name
-        asked = requests_of(read, self.driver, self.resources, self._device_plugin_holds, self.tainted)
+        asked = requests_of(read, self.driver, self.resources, self.tainted)
         configs = {r.asked.name: parameters(self.driver, read, r.asked.name) for r in asked}
         planned = [
             d for r in asked for d in prepared_devices(r.asked.name, r.attached.pool, r.resource, r.found, ())
         ]
-        self.checkpoint.add(
-            PreparedClaim(uid, namespace, name, tuple(planned), Phase.PREPARING, None, configs)
-        )
-        self.checkpoint.flush()
-        steps.reached(steps.PREPARE_RECORDED)
-        try:
-            claim = await self._allocate_and_write(read, asked, configs)
-        except ClaimRefused:
-            self.checkpoint.remove(uid)
-            raise
-        self.checkpoint.add(claim)
-        for resource, ids in claim.by_resource().items():
-            mask(self.resources[resource].server, ids, True)
+        with reserved(self.resources, asked, uid):
+            self.checkpoint.add(
+                PreparedClaim(uid, namespace, name, tuple(planned), Phase.PREPARING, None, configs)
+            )
+            self.checkpoint.flush()
+            steps.reached(steps.PREPARE_RECORDED)
+            try:
+                claim = await self._allocate_and_write(read, asked, configs)
+            except ClaimRefused:
+                self.checkpoint.remove(uid)
+                raise
+            self.checkpoint.add(claim)
+            for resource, ids in claim.by_resource().items():
+                hold(self.resources[resource].server, ids, True)
         self.prepared += 1
         self.log.info(
             "claim prepared",
@@ -181,7 +183,7 @@ class ClaimSteps:
         for resource, ids in claim.by_resource().items():
             free = [i for i in ids if not self.checkpoint.holds((resource, i))]
             if resource in self.resources:
-                mask(self.resources[resource].server, free, False)
+                hold(self.resources[resource].server, free, False)
 
 
 class Claims(ClaimSteps):
@@ -198,10 +200,9 @@ class Claims(ClaimSteps):
         cluster: Cluster,
         checkpoint: Checkpoint,
         resources: Mapping[str, Attached],
-        device_plugin_holds: Callable[[str], frozenset[str]],
         context: HostContext | None = None,
     ) -> None:
-        super().__init__(driver, checkpoint, resources, device_plugin_holds, context)
+        super().__init__(driver, checkpoint, resources, context)
         self._cluster = cluster
         self.lock = asyncio.Lock()
         reads = asyncio.Semaphore(READS)
@@ -410,12 +411,12 @@ async def owned(
     """One kubelet call owning the checkpoint (``lock``: one call of this host at a time): as
     the file has it, written at the end (:meth:`Checkpoint.owned`). Another instance of the
     driver (a rolling update) may have prepared or unprepared claims meanwhile: the device plugin
-    side's masks follow."""
+    side's holds follow."""
     async with lock, checkpoint.owned():
-        for masked, changed in zip((True, False), checkpoint.moved, strict=True):
+        for holding, changed in zip((True, False), checkpoint.moved, strict=True):
             for resource, ids in by_resource_ids(changed).items():
                 if resource in resources:
-                    mask(resources[resource].server, ids, masked)
+                    hold(resources[resource].server, ids, holding)
         yield
 
 
@@ -427,11 +428,33 @@ def by_resource_ids(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     return grouped
 
 
-def mask(server: ResourceServer, ids: Collection[str], masked: bool) -> None:
-    """Advertise ``ids`` Unhealthy on the device plugin side while prepared claims take them (or stop); a
-    resource served through DRA only has no such side, and its table is left as it is."""
-    if server.device_plugin:
-        server.table.hold(ids, MASK_REASON, masked)
+def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
+    """Prepared claims hold ``ids`` through DRA in the resource's inventory (or no longer do):
+    the device plugin side masks them and what they would overdraw."""
+    server.table.hold(HOLDER, DRA, ids, holding)
+
+
+@contextlib.contextmanager
+def reserved(resources: Mapping[str, Attached], requests: Sequence[Request], uid: str) -> Iterator[None]:
+    """Hold the devices of ``requests`` of the claim ``uid`` through DRA while it is prepared (the
+    device plugin side cannot give them out meanwhile); refused, naming why, when the device plugin
+    side holds one or they would overdraw a counter set with what both APIs hold."""
+    ids: dict[str, list[str]] = {}
+    for request in requests:
+        ids.setdefault(request.resource, []).extend(f.device.id for f in request.found)
+    tables = {resource: resources[resource].server.table for resource in ids}
+    for resource, wanted in ids.items():
+        problem = tables[resource].view().refusal(DRA, wanted)
+        if problem:
+            raise ClaimRefused(f"{resource}: {problem}")
+    holder = f"claim {uid}"
+    for resource, wanted in ids.items():
+        tables[resource].hold(holder, DRA, wanted)
+    try:
+        yield
+    finally:
+        for resource, wanted in ids.items():
+            tables[resource].hold(holder, DRA, wanted, False)
 
 
 async def read_bounded(

@@ -33,7 +33,7 @@ from devicehost.host.dra import names
 from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
-from devicehost.host.dra.claims import Claims, mask
+from devicehost.host.dra.claims import Claims, hold
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthLists, add_health_services
 from devicehost.host.dra.metadata import HOST_DIR, DeviceMetadata
@@ -42,6 +42,7 @@ from devicehost.host.dra.restore import open_claims, restore_resource
 from devicehost.host.dra.servicer import SERVICE, ClaimRef, DraPluginServicer
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
 from devicehost.host.dra.stats import DriverStats
+from devicehost.host.inventory import DRA
 from devicehost.host.kubelet.plugin_watcher import PluginRegistrationServicer
 from devicehost.host.serving.socket import ServedSocket
 from devicehost.host.sockets import is_listening, parse_socket_name
@@ -67,8 +68,6 @@ class DraSetup:
     context: HostContext
     cluster: Cluster
     token: str
-    device_plugin_holds: Callable[[str], frozenset[str]]
-    """Device IDs of a resource the device plugin side has allocated (from pod-resources)."""
 
     @property
     def node(self) -> str:
@@ -126,7 +125,6 @@ class DraDriver:
             setup.cluster,
             Checkpoint(self.directory / CHECKPOINT_FILE),
             self.resources,
-            setup.device_plugin_holds,
             setup.context,
         )
         self.metadata = DeviceMetadata(
@@ -210,7 +208,7 @@ class DraDriver:
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
         taken = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
-        mask(server, taken, True)  # prepared before a restart too
+        hold(server, taken, True)  # prepared before a restart too
         await restore_resource(self.claims, server.name)
         await self._restore_metadata(server.name)
 
@@ -362,7 +360,9 @@ async def follow(
 ) -> None:
     """Publish ``server``'s devices now and after every change of its table: one pool of as many
     slices as they need, each device kept in its slice, its counter sets' slice, and with
-    ``effect`` its unhealthy devices tainted since they were first seen unhealthy."""
+    ``effect`` its unhealthy devices tainted since they were first seen unhealthy. What the device
+    plugin side holds is not offered: those devices and the ones they leave no counters for are
+    withdrawn, and the counter sets say what is left."""
     placement = Placement()
     since: dict[str, str] = {}
     seen = -1
@@ -377,7 +377,17 @@ async def follow(
                 now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 since = {i: since.get(i, now) for i in unhealthy}
                 taints = {i: unhealthy_taint(effect, at) for i, at in since.items()}
-            specs = pool_specs(node, driver, pool, table.devices, placement, table.counter_sets, taints)
+            view = table.view()  # the device plugin side's holds: withdrawn, and off the counters
+            specs = pool_specs(
+                node,
+                driver,
+                pool,
+                table.devices,
+                placement,
+                view.counter_sets_left(),
+                taints,
+                view.masked(DRA),
+            )
             publisher.want_pool(server.name, names.named_slices(node, driver, server.name, specs))
             changes.bump()
         await server.table.wait_for_change(seen)

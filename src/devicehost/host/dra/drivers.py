@@ -45,13 +45,11 @@ class DraDrivers:
         token: str,
         *,
         cluster: Callable[[], Cluster] | None = None,
-        device_plugin_holds: Callable[[str], frozenset[str]],
     ) -> None:
         self._context = context
         self._token = token
         self._make_cluster = cluster or (lambda: kube_cluster(context))
         self._cluster: Cluster | None = None
-        self._holds = device_plugin_holds
         self.drivers: dict[str, DraDriver] = {}
         self._by_resource: dict[str, tuple[DraDriver, Api]] = {}
         self._starting = asyncio.Lock()
@@ -154,4 +152,4 @@ class DraDrivers:
 
         if self._cluster is None:
             self._cluster = self._make_cluster()
-        return DraSetup(self._context, self._cluster, self._token, self._holds)
+        return DraSetup(self._context, self._cluster, self._token)

@@ -8,14 +8,16 @@ The v1 API has no health field. Where the API server keeps device taints (``DRAD
 alpha in 1.35) an unhealthy device stays published with a taint (``devicehost.io/unhealthy``,
 ``NoSchedule`` unless the operator says otherwise) and loses it when it recovers; elsewhere it is
 withdrawn from the slice and comes back when it is healthy again. Devices held for a claim stay
-published (the scheduler already counts them allocated).
+published (the scheduler already counts them allocated); devices the caller withdraws (held
+through the device plugin API, or left without counters by it) keep their place in the pool
+while they are gone.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from devicehost.hookspecs.types import Capacity, Device, Health, Version
@@ -125,12 +127,16 @@ def slice_spec(
     devices: Iterable[Device],
     slice_count: int = 1,
     taints: Mapping[str, Mapping[str, str]] | None = None,
+    withdrawn: Collection[str] = (),
 ) -> dict[str, Any]:
     """The ``spec`` of one slice of ``pool`` (of ``slice_count`` slices): its healthy devices, in
     the order given (the pool's generation is the publisher's to set). With ``taints`` (device ID
-    -> its taint, for every unhealthy device) the unhealthy ones stay, each with its taint."""
+    -> its taint, for every unhealthy device) the unhealthy ones stay, each with its taint. Devices
+    in ``withdrawn`` are left out, whatever their health."""
     entries = []
     for device in devices:
+        if device.id in withdrawn:
+            continue
         if device.health is Health.HEALTHY:
             entries.append(device_entry(device))
         elif taints is not None:
@@ -200,16 +206,20 @@ def pool_specs(
     placement: Placement,
     counter_sets: Mapping[str, Mapping[str, int | str]] | None = None,
     taints: Mapping[str, Mapping[str, str]] | None = None,
+    withdrawn: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """The ``spec`` of each slice of ``pool``, first to last, as ``placement`` places ``devices``;
-    with ``counter_sets``, one more slice holding them comes last. Devices that consume counters,
-    or may carry taints (``taints`` given), go at most :data:`MAX_CONSUMING_DEVICES` to a slice."""
+    """The ``spec`` of each slice of ``pool``, first to last, as ``placement`` places ``devices``
+    (those in ``withdrawn`` keep their place, left out); with ``counter_sets``, one more slice
+    holding them comes last. Devices that consume counters, or may carry taints (``taints``
+    given), go at most :data:`MAX_CONSUMING_DEVICES` to a slice."""
     limited = taints is not None or any(d.consumes for d in devices)
     placement.resize(MAX_CONSUMING_DEVICES if limited else MAX_DEVICES)
     by_id = {d.id: d for d in devices}
     slices = placement.place([d.id for d in devices])
     count = len(slices) + (1 if counter_sets else 0)
-    specs = [slice_spec(node, driver, pool, [by_id[i] for i in ids], count, taints) for ids in slices]
+    specs = [
+        slice_spec(node, driver, pool, [by_id[i] for i in ids], count, taints, withdrawn) for ids in slices
+    ]
     if counter_sets:
         specs.append(counter_spec(node, driver, pool, counter_sets, count))
     return specs

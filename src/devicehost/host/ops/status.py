@@ -31,6 +31,8 @@ def _resource(state: ResourceState) -> dict[str, Any]:
         "releases": state.releases,
         "releasing": list(state.releasing),
         "failed_tries": state.failed_tries,
+        "hook_timeouts": dict(state.hook_timeouts),
+        "masked": {side: list(ids) for side, ids in state.masked.items() if _serves(state, side)},
         **({"superseded_by": state.superseded_by} if state.superseded_by else {}),
         **({"dra": _dra(state.dra)} if state.dra is not None else {}),
     }
@@ -39,6 +41,11 @@ def _resource(state: ResourceState) -> dict[str, Any]:
 def _dra(dra: DraState) -> dict[str, Any]:
     """How the resource is served through DRA; its driver's counts are the metrics' (not here)."""
     return {k: v for k, v in asdict(dra).items() if k != "calls"}
+
+
+def _serves(state: ResourceState, side: str) -> bool:
+    """Whether the resource is served through ``side`` (``device-plugin`` or ``dra``)."""
+    return bool(state.socket) if side == "device-plugin" else state.dra is not None
 
 
 def _reloads(reloads: ReloadState) -> dict[str, Any]:
@@ -117,6 +124,14 @@ def print_status(address: str) -> int:
             f" {r['healthy']}/{r['devices']} healthy  streams={r['streams']}"
             f" registrations={r['registrations']} allocations={r['allocations']}"
         )
+        timeouts = r.get("hook_timeouts", {})
+        if timeouts:
+            print(
+                "    hook timeouts: "
+                + ", ".join(f"{hook} {seconds:g} s" for hook, seconds in timeouts.items())
+            )
+        for side, ids in r.get("masked", {}).items():
+            print(f"    masked for {side}: {', '.join(ids)}")
         for device, holder in r.get("holders", {}).items():
             print(f"    {device:<38} held by {holder}")
     print(f"device release: {state.get('device_release', 'off')}")

@@ -20,6 +20,7 @@ import structlog
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Device, Health, Resource
 from devicehost.host.backends.backend import Backend, HookError
+from devicehost.host.inventory import DEVICE_PLUGIN, DRA
 from devicehost.host.serving.notifier import Notifier
 from devicehost.host.serving.registration import Registrar, Registration
 from devicehost.host.serving.servicer import DevicePluginServicer
@@ -49,6 +50,9 @@ class Serving:
     request_rediscovery: Callable[[], None]
     observe_allocation: Callable[[str], Callable[[float], None]]
     """The allocation latency observer of a resource, by resource name."""
+    pods_followed: bool = False
+    """Whether the kubelet's pod-resources API is followed (``device_release``): see
+    :attr:`~devicehost.host.inventory.Inventory.pods_followed`."""
 
 
 class ResourceServer:
@@ -67,6 +71,7 @@ class ResourceServer:
         self.context = serving.context
         """Where it reads its settings when it uses them (socket mode, policy, health interval)."""
         self.table = DeviceTable(resource.devices, resource.counter_sets)
+        self.table.inventory.pods_followed = serving.pods_followed
         self.unhealthy_taint = resource.unhealthy_taint
         """DRA: the backend's choice of an unhealthy device's taint effect (read when published)."""
         self.device_metadata = resource.device_metadata  # DRA: write device metadata for containers
@@ -145,6 +150,8 @@ class ResourceServer:
             errors=dict(self.servicer.errors),
             releasing=tuple(sorted(self.table.releasing)),
             failed_tries=self.registrar.stats.failed_tries,
+            hook_timeouts=self.backend.resource_timeouts(self.name),
+            masked=masked_state(self.table),
         )
 
     def apply_discovery(self, resource: Resource) -> None:
@@ -223,6 +230,14 @@ class ResourceServer:
             await self._server.stop(SERVER_STOP_GRACE)
             self._server = None
         self.socket.remove()
+
+
+def masked_state(table: DeviceTable) -> dict[str, tuple[str, ...]]:
+    """The devices each API must not give out because of the other's holds, sorted; only the
+    sides that mask something."""
+    view = table.view()
+    masked = {side: tuple(sorted(view.masked(side))) for side in (DEVICE_PLUGIN, DRA)}
+    return {side: ids for side, ids in masked.items() if ids}
 
 
 def keep_newer_health(

@@ -1,7 +1,8 @@
 """The DevicePlugin gRPC servicer of one resource.
 
 It answers the kubelet from the resource's :class:`DeviceTable` and its backend's hooks. Bad
-requests get INVALID_ARGUMENT naming the IDs; a hook that raises gets UNKNOWN naming the backend
+requests get INVALID_ARGUMENT naming the IDs; an Allocate of a device the resource's inventory
+masks (held through DRA, or overdrawing a shared counter set) gets FAILED_PRECONDITION with why; a hook that raises gets UNKNOWN naming the backend
 and the exception, one that hangs DEADLINE_EXCEEDED, one that answers nonsense INTERNAL.
 """
 
@@ -20,6 +21,7 @@ from devicehost import policies
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import PreferredAllocationRequest
 from devicehost.host.backends.backend import AnswerRefused, Backend, BackendBusy, HookError, HookTimeout
+from devicehost.host.inventory import DEVICE_PLUGIN
 from devicehost.host.serving import wire
 from devicehost.host.serving.streams import StreamSet
 from devicehost.host.serving.table import DeviceTable
@@ -73,7 +75,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         with self._streams.open() as stream:
             log.info("ListAndWatch stream opened", streams=self._streams.count)
-            sent_version = -1
+            sent_version, sent = -1, None
             last_sent = 0.0
             while not stream.ending:
                 if self.table.version != sent_version:
@@ -81,10 +83,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     if pause > 0:
                         await asyncio.sleep(pause)
                         continue
-                    sent_version = self.table.version
-                    last_sent = time.monotonic()
-                    self.updates_sent += 1
-                    yield self.table.message()
+                    sent_version, message = self.table.version, self.table.message()
+                    if message is not sent:  # the same message: only what DRA offers changed
+                        sent, last_sent = message, time.monotonic()
+                        self.updates_sent += 1
+                        yield message
                     continue
                 await self.table.wait_for_change(sent_version)
 
@@ -102,17 +105,25 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             await self._abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "AllocateRequest has no container requests"
             )
-        responses = []
-        for container in request.container_requests:
-            ids = tuple(container.devices_ids)
+        containers = [tuple(container.devices_ids) for container in request.container_requests]
+        for ids in containers:
             await self._check_ids(context, ids)
-            try:
-                allocation = await self.backend.allocate(self.resource, ids)
-            except HookError as exc:
-                await self._abort_hook(context, exc)
-            responses.append(wire.container_allocation(allocation))
-            log.debug("allocated", devices=list(ids))
+        given = [i for ids in containers for i in ids]
+        problem = self._masked_problem(given)
+        if problem:
+            log.warning("Allocate refused", devices=given, problem=problem)
+            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, problem)
+        with self.table.allocating(given, time.monotonic()):  # held from before the hooks on
+            responses = [await self._allocated(context, ids) for ids in containers]
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def _allocated(self, context: Context, ids: tuple[str, ...]) -> api_pb2.ContainerAllocateResponse:
+        try:
+            allocation = await self.backend.allocate(self.resource, ids)
+        except HookError as exc:
+            await self._abort_hook(context, exc)
+        log.debug("allocated", devices=list(ids))
+        return wire.container_allocation(allocation)
 
     async def GetPreferredAllocation(
         self,
@@ -172,6 +183,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             return None
         shown = ", ".join(repr(i[:80]) for i in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
         return f"unknown device IDs for {self.resource}: {shown}"
+
+    def _masked_problem(self, ids: Sequence[str]) -> str | None:
+        """Why ``ids`` cannot go to a container now: the other API holds one, or they would
+        overdraw a shared counter set with what both APIs hold."""
+        problem = self.table.view().refusal(DEVICE_PLUGIN, ids)
+        return f"{self.resource}: {problem}" if problem else None
 
     async def _abort(self, context: Context, code: grpc.StatusCode, message: str) -> NoReturn:
         self.errors[code.name] += 1

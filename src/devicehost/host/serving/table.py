@@ -6,17 +6,23 @@ A health change patches a copy of the last built message instead (building 1024 
 in Python takes milliseconds, copying the built one and setting a field a tenth of one).
 
 Devices being released (the backend's release hook is running) are advertised Unhealthy
-whatever their health, so the kubelet does not hand them out half-scrubbed; their own health
-is kept and advertised again once the release ends.
+whatever their health, so the kubelet does not hand them out half-scrubbed; so are the devices
+*masked* for the device plugin side by the resource's :class:`~devicehost.host.inventory.Inventory`
+(held through DRA, or overdrawing a counter set with what both APIs hold). Their own health is
+kept and advertised again once the release or the other API's hold ends. A change of the holds
+that changes what either API offers bumps ``version`` too: the ListAndWatch streams and the DRA
+publisher both follow it (a change only DRA sees keeps the built message, so streams send nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from devicehost.hookspecs.types import Device, Health
+from devicehost.host.inventory import ALLOCATED, DEVICE_PLUGIN, DRA, RELEASE, Inventory, Side, View
 from devicehost.host.serving import wire
 from devicehost.proto.deviceplugin.v1beta1 import api_pb2
 
@@ -33,8 +39,9 @@ class DeviceTable:
         self._message: api_pb2.ListAndWatchResponse | None = None
         self.counter_sets = {name: dict(counters) for name, counters in (counter_sets or {}).items()}
         """The resource's shared counter sets (DRA): counter set -> counter -> amount."""
-        self._holds: dict[str, frozenset[str]] = {}
-        """Device IDs advertised Unhealthy whatever their health, by why (release, dra)."""
+        self.inventory = Inventory()
+        """Who holds which device through which API (change it through :meth:`hold`)."""
+        self._view: View | None = None
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -44,33 +51,58 @@ class DeviceTable:
     @property
     def releasing(self) -> frozenset[str]:
         """IDs of devices being released, advertised Unhealthy until the release ends."""
-        return self._holds.get("release", frozenset())
+        return self.inventory.of(RELEASE)
 
-    def _held(self) -> frozenset[str]:
-        return frozenset().union(*self._holds.values())
+    def view(self) -> View:
+        """What each API may give out now (kept until the holds, devices or counter sets change)."""
+        self._view = self._view or self.inventory.view(self._devices, self.counter_sets)
+        return self._view
+
+    def _unhealthy(self) -> frozenset[str]:
+        """Advertised Unhealthy whatever their health: being released, or masked."""
+        return self.releasing | self.view().masked(DEVICE_PLUGIN)
 
     def advertised(self) -> tuple[Device, ...]:
-        """The devices as the kubelet is told: those held (being released, prepared through
-        DRA) are Unhealthy."""
-        held = self._held()
-        if not held:
+        """The devices as the kubelet is told: those being released or masked are Unhealthy."""
+        unhealthy = self._unhealthy()
+        if not unhealthy:
             return tuple(self._devices.values())
         return tuple(
-            replace(d, health=Health.UNHEALTHY) if d.id in held else d for d in self._devices.values()
+            replace(d, health=Health.UNHEALTHY) if d.id in unhealthy else d for d in self._devices.values()
         )
 
-    def hold(self, ids: Iterable[str], reason: str, holding: bool) -> None:
-        """Start (``holding``) or end advertising ``ids`` Unhealthy for ``reason``."""
-        ids = frozenset(ids)
-        current = self._holds.get(reason, frozenset())
-        changed = current | ids if holding else current - ids
-        if changed != current:
-            self._holds[reason] = changed
-            self._bump()
+    def hold(self, holder: str, side: Side, ids: Iterable[str], holding: bool = True) -> None:
+        """``holder`` starts (``holding``) or stops holding ``ids`` through ``side``."""
+        inventory = self.inventory
+        self._held(lambda: inventory.add(holder, side, ids) if holding else inventory.discard(holder, ids))
 
-    def hold_for_release(self, ids: Iterable[str], holding: bool) -> None:
-        """Start (``holding``) or end advertising ``ids`` Unhealthy while they are released."""
-        self.hold(ids, "release", holding)
+    @contextlib.contextmanager
+    def allocating(self, ids: Sequence[str], now: float) -> Iterator[None]:
+        """Allocate gives ``ids`` out at ``now``: held while its hooks run and after, unless it fails."""
+        self._held(lambda: self.inventory.allocated(ids, now))
+        try:
+            yield
+        except BaseException:
+            self.hold(ALLOCATED, DEVICE_PLUGIN, ids, False)
+            raise
+
+    def follow_pods(self, held: Iterable[str], now: float, grace: float) -> None:
+        """What pod-resources lists: :meth:`Inventory.follow_pods`."""
+        self._held(lambda: self.inventory.follow_pods(held, now, grace))
+
+    def _held(self, change: Callable[[], bool]) -> None:
+        """Change the holds (``change``: True if it did); a change signal only where what either API
+        offers changed (a device plugin resource's own Allocate changes nothing its streams send)."""
+        before = self._offer()
+        if change():
+            self._view = None
+            after = self._offer()
+            if after != before:
+                self._bump(keep_message=after[0] == before[0])
+
+    def _offer(self) -> tuple[frozenset[str], frozenset[str], dict[str, dict[str, str]]]:
+        """What both APIs offer: advertised Unhealthy, withdrawn from the slices, counters left."""
+        return self._unhealthy(), self.view().masked(DRA), self.view().counter_sets_left()
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
         """The IDs that are not devices of this resource, in order, without repeats."""
@@ -86,6 +118,7 @@ class DeviceTable:
         if new == self._devices and list(new) == list(self._devices):
             return False
         self._devices = new
+        self._view = None
         self._bump()
         return True
 
@@ -95,6 +128,7 @@ class DeviceTable:
         if new == self.counter_sets:
             return False
         self.counter_sets = new
+        self._view = None
         self._bump()
         return True
 
@@ -109,15 +143,15 @@ class DeviceTable:
         if not changed:
             return False
         built = self._message
+        unhealthy = self._unhealthy()
         self._bump()
         if built is not None:  # health only: the order and every other field stay as built
-            held = self._held()
             patched = api_pb2.ListAndWatchResponse()
             patched.CopyFrom(built)
             position = {device_id: n for n, device_id in enumerate(self._devices)}
             for device_id, value in changed.items():
-                if device_id in held:
-                    continue  # advertised Unhealthy until its hold ends
+                if device_id in unhealthy:
+                    continue  # advertised Unhealthy until its release or mask ends
                 patched.devices[position[device_id]].health = value.value
             self._message = patched
         return True
@@ -138,7 +172,7 @@ class DeviceTable:
         if self.version == seen_version:
             await self._changed.wait()
 
-    def _bump(self) -> None:
+    def _bump(self, keep_message: bool = False) -> None:
         self.version += 1
-        self._message = None
+        self._message = self._message if keep_message else None
         self.wake_all()
