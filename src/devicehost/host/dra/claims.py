@@ -4,9 +4,12 @@ Prepare reads the claim's allocation from the API server, calls the backend's al
 per resource and request for the claim's devices (with the request's name, its opaque
 configuration checked by the backend's model, and its admin access), writes what that gave as a
 CDI spec of the claim's own (``<driver>/claim-<uid>``), and records the claim in the checkpoint
-before answering; asked again, it answers the same. Unprepare calls the release hook for the
-claim's devices that no other prepared claim takes (an admin-access claim may share a device
-with a normal one), removes the spec and forgets the claim. From the moment its devices are
+before answering; asked again, it answers the same (its spec on disk checked first). Unprepare
+calls the release hook for the claim's devices that no other prepared claim takes (an
+admin-access claim may share a device with a normal one), removes the spec and forgets the
+claim. Each step is recorded in the checkpoint before it is taken (the claim's phase), so a
+start after a kill replays from there (:mod:`.restore`); a prepare the kubelet made before an
+unprepare of the same claim is refused (calls end as the kubelet's last). From the moment its devices are
 picked until it is unprepared, a claim's devices are held through DRA in their resource's
 inventory (:mod:`devicehost.host.inventory`), so a resource served through both APIs never gives
 a device, or a counter's amount, out twice; a claim whose devices the device plugin side holds
