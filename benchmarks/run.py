@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from benchmarks import allocate, coldstart, health, idle, realkubelet, restart, scale, soak, throughput
+from benchmarks.dra_node_life import measure as dra_node_life
 from benchmarks.dra_prepare import measure as dra_prepare
 from benchmarks.dra_publish import measure as dra_publish
 from benchmarks.figures import Figure
@@ -43,6 +44,7 @@ MEASUREMENTS: dict[str, Measure] = {
     "idle": idle.measure,
     "dra_prepare": dra_prepare,
     "dra_publish": dra_publish,
+    "dra_node_life": dra_node_life,
 }
 PACKAGES = ("devicehost", "devicehost-example", "grpcio", "protobuf", "pluggy", "structlog", "asyncinotify")
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "results.json"

@@ -40,7 +40,7 @@ def doc_section(name: str) -> str:
 
 def test_the_spec_module_has_hooks() -> None:
     assert "devicehost_allocate" in HOOKS
-    assert len(HOOKS) == 14  # thirteen the host calls, one test seam (devicehost_conformance_set_health)
+    assert len(HOOKS) == 15  # fourteen the host calls, one test seam (devicehost_conformance_set_health)
 
 
 @pytest.mark.parametrize("name", HOOKS)

@@ -10,7 +10,13 @@ import pytest
 from hostfakes import captured_logs
 
 from devicehost.host.dra import checkpoint as checkpoint_module
-from devicehost.host.dra.checkpoint import CHECKPOINT_VERSION, Checkpoint, PreparedClaim, PreparedDevice
+from devicehost.host.dra.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    Phase,
+    PreparedClaim,
+    PreparedDevice,
+)
 
 
 def device(
@@ -71,8 +77,8 @@ def test_a_missing_file_is_no_claims(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "said"),
     [
-        (json.dumps({"version": 99, "claims": {}}), "version 99 is not 1"),
-        (json.dumps({"claims": {}}), "version None is not 1"),
+        (json.dumps({"version": 99, "claims": {}}), f"version 99 is not {CHECKPOINT_VERSION}"),
+        (json.dumps({"claims": {}}), f"version None is not {CHECKPOINT_VERSION}"),
         ("{not json", "unreadable (JSONDecodeError"),
         (json.dumps({"version": CHECKPOINT_VERSION, "claims": {"u": {"name": "n"}}}), "unreadable (KeyError"),
         (json.dumps({"version": CHECKPOINT_VERSION, "claims": []}), "unreadable (AttributeError"),
@@ -82,11 +88,16 @@ def test_a_missing_file_is_no_claims(tmp_path: Path) -> None:
 def test_an_unreadable_file_is_one_line_naming_it(tmp_path: Path, content: str, said: str) -> None:
     path = tmp_path / "claims.json"
     path.write_text(content)
-    problem = Checkpoint(path).load()
+    found = Checkpoint(path)
+    problem = found.load()
     assert problem is not None
     assert problem.startswith(f"{path}: ")
     assert said in problem
     assert "\n" not in problem
+    (aside,) = found.set_aside  # set aside, named in the line: the next start is not stopped by it
+    assert f"set aside as {Path(aside).name}" in problem
+    assert Path(aside).read_text() == content
+    assert not path.exists()
 
 
 def test_a_directory_in_its_place_is_one_line(tmp_path: Path) -> None:
@@ -173,7 +184,9 @@ async def _own_and_add(checkpoint: Checkpoint, uid: str, order: list[str]) -> No
         checkpoint.add(claim(uid, device("w1")))
 
 
-async def test_an_unreadable_file_under_the_lock_keeps_the_claims_and_is_said_once(tmp_path: Path) -> None:
+async def test_an_unreadable_file_under_the_lock_is_set_aside_and_written_again_said_once(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "claims.json"
     kept = Checkpoint(path)
     kept.add(claim("u1", device("w0")))
@@ -185,4 +198,65 @@ async def test_an_unreadable_file_under_the_lock_keeps_the_claims_and_is_said_on
     said = [e for e in logs if e["event"].startswith("prepared claims checkpoint unreadable")]
     assert len(said) == 1
     assert str(path) in said[0]["problem"]
-    assert path.read_text() == "{not json"  # nothing changed: not written
+    assert len(kept.set_aside) == 2
+    again = Checkpoint(path)
+    assert again.load() is None
+    assert sorted(again.claims) == ["u1"]  # what this host had, written again
+
+
+def test_each_claim_keeps_its_phase_spec_and_configuration(tmp_path: Path) -> None:
+    path = tmp_path / "claims.json"
+    spec = {"cdiVersion": "0.6.0", "kind": "example.com/claim-u1", "devices": []}
+    preparing = PreparedClaim(
+        "u1", "default", "c1", (device("w0"),), Phase.PREPARING, None, {"gpu": {"a": 1}}
+    )
+    prepared = PreparedClaim("u2", "default", "c2", (device("w1"),), Phase.PREPARED, spec, {"gpu": None})
+    first = Checkpoint(path)
+    first.add(preparing)
+    first.add(prepared)
+    again = Checkpoint(path)
+    assert again.load() is None
+    assert again.claims == {"u1": preparing, "u2": prepared}
+    assert (again.claims["u1"].phase, again.claims["u2"].spec) == (Phase.PREPARING, spec)
+    assert again.claims["u1"].configs == {"gpu": {"a": 1}}
+
+
+async def test_the_file_is_read_again_only_when_another_instance_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "claims.json"
+    ours, theirs = Checkpoint(path), Checkpoint(path)
+    async with ours.owned():
+        ours.add(claim("u1", device("w0")))
+    reads: list[Path] = []
+    real = Checkpoint.load
+
+    def counted(self: Checkpoint) -> str | None:
+        reads.append(self.path)
+        return real(self)
+
+    monkeypatch.setattr(Checkpoint, "load", counted)
+    async with ours.owned():
+        pass
+    assert reads == []  # its own last write: not read again
+    async with theirs.owned():
+        theirs.add(claim("u2", device("w1")))
+    async with ours.owned():
+        assert sorted(ours.claims) == ["u1", "u2"]
+        assert ours.moved == ({("example.com/widget", "w1")}, set())
+    assert len(reads) == 2
+
+
+def test_who_holds_a_device_follows_adds_and_removes(tmp_path: Path) -> None:
+    found = Checkpoint(tmp_path / "claims.json")
+    found.add(claim("a", device("w0")))
+    found.add(claim("b", device("w0", admin=True), device("w1")))
+    key = ("example.com/widget", "w0")
+    assert found.holds(key)
+    assert found.holds(key, but="a")
+    assert found.holds(key, but="b")
+    found.add(claim("b", device("w1")))  # replaced: w0 no longer among its devices
+    assert not found.holds(key, but="a")
+    found.remove("a")
+    assert not found.holds(key)
+    assert found.held() == {("example.com/widget", "w1")}

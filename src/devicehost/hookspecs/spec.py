@@ -200,6 +200,25 @@ def devicehost_release(resource: str, device_ids: tuple[str, ...], claim: ClaimR
     """
 
 
+@_hookspec
+def devicehost_restore(resource: str, device_ids: tuple[str, ...], claim: ClaimRequest) -> None:
+    """DRA only: set up again what a claim prepared before this host started needs (optional).
+
+    A node reboot loses hardware state and a host restart loses the backend's memory, but the
+    kubelet still counts the claim as prepared and its containers start again with the CDI IDs
+    they were given. So when the host starts and finds a prepared claim in its checkpoint, it
+    writes the claim's CDI spec again, then calls this, before it registers the driver with the
+    kubelet: once per claim, resource and request, with what the allocate hook was given then
+    (the devices, the request's configuration checked by the model again, admin access, shares).
+    Raise to refuse: that claim alone is unprepared (its devices released, its spec removed) and
+    the reason logged (``claim not restored``); the kubelet's next prepare of it starts afresh.
+
+    :param resource: the extended resource name.
+    :param device_ids: the claim's devices of the resource and request.
+    :param claim: the claim request, as for allocate.
+    """
+
+
 @_hookspec(firstresult=True)
 def devicehost_device_status(
     resource: str, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool

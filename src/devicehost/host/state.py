@@ -83,6 +83,12 @@ class DraState:
     """What the API server serves of DRA (None: not probed yet, or the probe failed)."""
     calls: DraCalls | None = None
     """Its driver's calls, writes and health transitions so far (one driver's, shared by its resources)."""
+    restored_claims: int = 0
+    """Of the driver's claims its checkpoint had at the start, those restored and still prepared."""
+    not_restored: tuple[str, ...] = ()
+    """``<claim UID>: <reason>`` of each claim the start could not restore (it was unprepared)."""
+    checkpoint_set_aside: tuple[str, ...] = ()
+    """Checkpoint files of the driver set aside as unreadable since the start."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from devicehost.standin.connection import CHANNEL_OPTIONS, ConnectError
 from devicehost.standin.model import VERSION
 
 GET_INFO_TIMEOUT = 1.0
+RETRY_AFTER = 1.0
+"""Seconds before a socket whose GetInfo failed is tried again (the kubelet's reconciler loop)."""
 NOTIFY_TIMEOUT = 1.0
 PLUGIN_TYPE = "DevicePlugin"
 _ADDED = Mask.CREATE | Mask.MOVED_TO
@@ -63,6 +65,8 @@ class PluginWatcher:
     Sockets are handled one at a time, in the order inotify reports them; sockets already
     present when the watcher starts are handled first, as the kubelet walks the dir on start.
     A socket of a type in ``ignored`` is left alone (asked ``GetInfo`` only, never answered).
+    A socket whose ``GetInfo`` fails (its server not answering yet) is tried again every
+    :data:`RETRY_AFTER` s while it is there, as the kubelet's reconciler does.
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class PluginWatcher:
         self._plugins: dict[Path, tuple[PluginHandler, str, str]] = {}
         """Registered sockets: their handler, name and endpoint."""
         self._task: asyncio.Task[None] | None = None
+        self._retries: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         """Add the inotify watch now, so no socket created after this call is missed."""
@@ -94,6 +99,9 @@ class PluginWatcher:
             self._task.cancel()
             await asyncio.wait([self._task])
             self._task = None
+        for retry in self._retries:
+            retry.cancel()
+        await asyncio.gather(*self._retries, return_exceptions=True)
         self._plugins.clear()
 
     async def _run(self, inotify: Inotify, existing: list[Path]) -> None:
@@ -128,6 +136,9 @@ class PluginWatcher:
                     f"RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket "
                     f"{path}, err: {exc.code().name}: {exc.details()}",
                 )
+                retry = asyncio.create_task(self._again(path), name=f"register {path.name} again")
+                self._retries.add(retry)
+                retry.add_done_callback(self._retries.discard)
                 return
             handler = self._handlers.get(info.type)
             if handler is None and info.type in self._ignored:
@@ -143,6 +154,11 @@ class PluginWatcher:
                 await stub.NotifyRegistrationStatus(status, timeout=NOTIFY_TIMEOUT)
         finally:
             await channel.close(None)
+
+    async def _again(self, path: Path) -> None:
+        await asyncio.sleep(RETRY_AFTER)
+        if _is_socket(path):
+            await self._added(path)
 
     @staticmethod
     async def _register(handler: PluginHandler | None, info: api_pb2.PluginInfo, endpoint: str) -> str | None:

@@ -313,9 +313,10 @@ def answer_problems(
         if request not in d.requests
     ]
     problems += [f"{what}: {p}" for d in answer for i in d.cdi_ids if (p := rules.cdi_name_problem(i))]
-    problems += [
-        f"{what}: {p}" for p in undefined_cdi_names([i for d in answer for i in d.cdi_ids], run.cdi_dir)
-    ]
+    ids = [i for d in answer for i in d.cdi_ids]
+    if len(ids) != len(set(ids)):
+        problems.append(f"{what}: a CDI device ID answered more than once: {ids}")
+    problems += [f"{what}: {p}" for p in undefined_cdi_names(ids, run.cdi_dir)]
     return problems
 
 

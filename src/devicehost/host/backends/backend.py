@@ -373,6 +373,11 @@ class Backend:
     ) -> None:
         await self._call("devicehost_release", resource=resource, device_ids=device_ids, claim=claim)
 
+    async def restore(self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest) -> None:
+        """Tell the backend of a claim prepared before the host started (DRA; its optional hook)."""
+        if self.implements("devicehost_restore"):
+            await self._call("devicehost_restore", resource=resource, device_ids=device_ids, claim=claim)
+
     async def device_status(
         self, resource: str, device_ids: tuple[str, ...], claim: ClaimRequest, prepared: bool
     ) -> dict[str, DeviceStatus]:

@@ -38,6 +38,7 @@ from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthLists, add_health_services
 from devicehost.host.dra.metadata import HOST_DIR, DeviceMetadata
 from devicehost.host.dra.publisher import Publisher
+from devicehost.host.dra.restore import open_claims, restore_resource
 from devicehost.host.dra.servicer import SERVICE, ClaimRef, DraPluginServicer
 from devicehost.host.dra.slices import Placement, pool_specs, unhealthy_taint
 from devicehost.host.dra.stats import DriverStats
@@ -141,8 +142,9 @@ class DraDriver:
         self._tainting: asyncio.Future[bool] | None = None
         self.stats = DriverStats()
 
-    async def start(self) -> None:
-        """Read the checkpoint, serve DRAPlugin, then the registration socket; start publishing.
+    async def start(self, first: ResourceServer) -> None:
+        """Restore the claims (:mod:`.restore`) with ``first`` attached, serve DRAPlugin, then the
+        registration socket; start publishing. The kubelet learns of the driver only then.
 
         Raises OSError (what was served so far stopped again) when a socket cannot be served.
         """
@@ -151,14 +153,12 @@ class DraDriver:
                 f"plugins_registry dir {self._setup.registry_dir} does not exist (made by the kubelet)"
             )
         self.directory.mkdir(parents=True, exist_ok=True)
-        problem = self.claims.checkpoint.load()
-        if problem:
-            self.log.error("prepared claims checkpoint unreadable, starting without it", problem=problem)
-        elif self.claims.checkpoint.claims:
-            self.log.info("prepared claims restored", claims=len(self.claims.checkpoint.claims))
+        open_claims(self.claims)
+        await self.attach(first)
         try:
             await self._serve()
         except BaseException:
+            self.detach(first.name)
             await self._stop_servers()
             raise
         self._publishing = asyncio.create_task(self.publisher.run(), name=f"publish {self.name}")
@@ -201,14 +201,26 @@ class DraDriver:
         self._servers.clear()
         self._dra_socket.remove()
 
-    def attach(self, server: ResourceServer) -> None:
-        """Publish ``server``'s devices and prepare claims for them."""
+    async def attach(self, server: ResourceServer) -> None:
+        """Publish ``server``'s devices and prepare claims for them, its claims restored first."""
         pool = names.pool_name(self._setup.node, server.name)
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
         taken = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
         hold(server, taken, True)  # prepared before a restart too
+        await restore_resource(self.claims, server.name)
+        await self._restore_metadata(server.name)
+
+    async def _restore_metadata(self, resource: str) -> None:
+        """Write again the device metadata specs of the claims restored for ``resource`` (a
+        reboot emptied the CDI dir); only opted-in resources have any (their claims read again)."""
+        checkpoint, restored = self.claims.checkpoint, self.claims.restored
+        mine = {u: c for u, c in checkpoint.claims.items() if u in restored and resource in c.by_resource()}
+        answers: dict[str, PreparedClaim | str] = dict(mine)
+        for uid, answer in (await self.metadata.add(answers, {})).items():
+            if isinstance(answer, str):
+                self.log.error("device metadata of a restored claim not written", uid=uid, error=answer)
 
     async def _prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Prepare the claims, then write the status of those prepared (the device status hook),

@@ -78,14 +78,15 @@ class DraDrivers:
 
                 driver = DraDriver(name, self._setup())
                 try:
-                    await driver.start()
+                    await driver.start(server)  # attached first: its claims restored before registration
                 except Exception as exc:
                     server.log.error("not served through DRA", driver=name, error=str(exc))
                     return
                 self.drivers[name] = driver
                 if self._served is None:
                     self._served = asyncio.create_task(self._probe(name), name="probe the API server")
-        driver.attach(server)
+            else:
+                await driver.attach(server)
         self._by_resource[server.name] = (driver, api)
 
     def detach(self, resource: str) -> None:
@@ -103,10 +104,22 @@ class DraDrivers:
         only = api == "dra"
         prepared = sum(state.name in c.by_resource() for c in driver.claims.checkpoint.claims.values())
         slice_name = driver.resources[state.name].slice
-        restored = driver.publisher.written.restored[state.name]
+        claims = driver.claims
         served = self._served.result() if self._served is not None and self._served.done() else None
         calls = driver.stats.snapshot(driver.publisher.written.writes, driver.publisher.publish_seconds)
-        dra = DraState(driver.name, only, driver.registered, slice_name, prepared, restored, served, calls)
+        dra = DraState(
+            driver.name,
+            only,
+            driver.registered,
+            slice_name,
+            prepared,
+            driver.publisher.written.restored[state.name],
+            served,
+            calls,
+            restored_claims=sum(uid in claims.checkpoint.claims for uid in claims.restored),
+            not_restored=tuple(f"{uid}: {why}" for uid, why in claims.not_restored.items()),
+            checkpoint_set_aside=tuple(claims.checkpoint.set_aside),
+        )
         return replace(state, dra=dra, registered=driver.registered and (only or state.registered))
 
     async def follow_cdi_dir(self) -> None:

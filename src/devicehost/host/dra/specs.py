@@ -2,19 +2,24 @@
 
 :class:`ClaimSpecs` writes and removes them where the host context says now, and after a
 reload that changed ``cdi_dir`` moves those of the prepared claims there, so a container
-started again finds its claim's devices where the runtime reads now.
+started again finds its claim's devices where the runtime reads now. The runtime resolves a
+claim's CDI IDs when the container starts, possibly after a node reboot emptied
+``/var/run/cdi`` (a tmpfs): so a spec the checkpoint keeps is written again where it is missing
+or differs (:meth:`ClaimSpecs.ensure`) before the kubelet is told the claim is prepared.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from devicehost import cdi
 from devicehost.host.dra import names
+from devicehost.host.dra.checkpoint import PreparedClaim
 
 if TYPE_CHECKING:
     from devicehost.host.context import HostContext
@@ -44,6 +49,20 @@ class ClaimSpecs:
         """Write the claim's spec. :raises OSError, ValueError: it could not be written."""
         cdi.write_spec(cdi.Spec(kind=self.kind(uid), devices=devices), self.directory)
 
+    def ensure(self, claim: PreparedClaim) -> bool:
+        """Write the claim's spec, as the checkpoint keeps it, again where it is missing or
+        differs; whether it was written. :raises OSError, ValueError: it could not be written."""
+        if claim.spec is None:
+            return False
+        try:
+            same = json.loads(cdi.spec_path(self.kind(claim.uid), self.directory).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            same = None
+        if same == claim.spec:
+            return False
+        cdi.write_spec(spec_from_dict(claim.spec), self.directory)
+        return True
+
     def remove(self, uid: str) -> None:
         """Remove the claim's spec (none there: nothing happens)."""
         cdi.remove_spec(self.kind(uid), self.directory)
@@ -60,3 +79,27 @@ class ClaimSpecs:
                 self._log.error("claim's CDI spec not moved to the new cdi_dir", uid=uid, error=str(exc))
         self._where = target
         self._log.info("prepared claims' CDI specs moved", source=str(source), target=str(target))
+
+
+def spec_from_dict(spec: Mapping[str, Any]) -> cdi.Spec:
+    """The :class:`cdi.Spec` a claim's spec (as :meth:`cdi.Spec.to_dict` gave it) was made from."""
+    return cdi.Spec(
+        kind=spec["kind"],
+        devices=[cdi.Device(d["name"], edits_from_dict(d["containerEdits"])) for d in spec["devices"]],
+        edits=edits_from_dict(spec.get("containerEdits", {})),
+    )
+
+
+def edits_from_dict(edits: Mapping[str, Any]) -> cdi.ContainerEdits:
+    """The container edits of a claim's spec (env, device nodes and mounts: all it ever has)."""
+    return cdi.ContainerEdits(
+        env=dict(line.partition("=")[::2] for line in edits.get("env", ())),
+        device_nodes=[
+            cdi.DeviceNode(path=n["path"], host_path=n.get("hostPath"), permissions=n["permissions"])
+            for n in edits.get("deviceNodes", ())
+        ],
+        mounts=[
+            cdi.Mount(host_path=m["hostPath"], container_path=m["containerPath"], options=tuple(m["options"]))
+            for m in edits.get("mounts", ())
+        ],
+    )
