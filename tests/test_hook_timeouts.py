@@ -16,7 +16,7 @@ import pytest
 import devicehost
 from devicehost import ContainerAllocation, Device, Health, HookTimeouts, Resource
 from devicehost.hookspecs import rules
-from devicehost.host.backends.backend import Backend, HookTimeout, resource_timeouts
+from devicehost.host.backends.backend import Backend, HookTimeout
 from devicehost.host.ops.status import document
 from devicehost.standin import KubeletStandIn
 from devicehost.testing.host import running_host
@@ -78,8 +78,8 @@ async def test_each_hook_takes_the_seconds_its_resource_declared(hardware: SlowH
     backend = Backend("slow", hardware, hook_timeout=HOST_TIMEOUT)
     try:
         await backend.discover()
-        assert resource_timeouts(backend, FPGA) == {"allocate": 2.0, "release": 2.0, "health": 2.0}
-        assert resource_timeouts(backend, LATE) == {
+        assert backend.resource_timeouts(FPGA) == {"allocate": 2.0, "release": 2.0, "health": 2.0}
+        assert backend.resource_timeouts(LATE) == {
             "allocate": 0.5,
             "release": HOST_TIMEOUT,
             "health": HOST_TIMEOUT,
