@@ -3,7 +3,8 @@
 The example backend is served through DRA only. The tests run in file order and build on each
 other: the widgets appear as a ResourceSlice; a pod with a claim from a ResourceClaimTemplate of
 the example DeviceClass is scheduled and the kubelet calls NodePrepareResources; a kubelet
-restart and a host restart leave the claim prepared; deleting the pod makes the kubelet call
+restart and a host restart leave the claim prepared; a reboot (the CDI dir emptied, the kubelet
+started again) finds the claim's CDI spec written again before the driver registers; deleting the pod makes the kubelet call
 NodeUnprepareResources, which releases the widget; the host stopping withdraws the slice.
 Beside it the host serves the gizmo fixture backend through DRA with gizmo-1 unhealthy: with the
 kit's gates on 1.34 and 1.35 (DRADeviceTaints off, the API server drops device taints) gizmo-1 is
@@ -24,6 +25,8 @@ import pytest
 import yaml
 from drahost import DraHost, device_count, dra_config, driver_slices, printed_env
 from k8skit import ClusterDra, Kit, until
+
+from devicehost import cdi
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "example.com"
@@ -160,6 +163,33 @@ def test_a_host_restart_keeps_the_claim(kit: Kit, host: DraHost) -> None:
     kit.timings["DRA: host restart -> ResourceSlice published"] = round(time.monotonic() - started, 2)
     assert until(lambda: host.events("prepared claims restored"), "the checkpoint read", 10)
     assert list(prepared_claims()) == [uid]
+
+
+def test_a_reboot_writes_the_claims_spec_again_before_the_driver_registers(kit: Kit, host: DraHost) -> None:
+    """A node reboot as the host meets it: ``/var/run/cdi`` is a tmpfs (emptied), the kubelet
+    starts again, and the host starts with its checkpoint (under ``/var/lib/kubelet``, kept). The
+    claim's CDI spec is on disk again, the same, before the kubelet registers the driver: a
+    container (re)created for the claim's pod resolves it (kubernetes/kubernetes#141433)."""
+    uid = next(iter(prepared_claims()))
+    spec = cdi.spec_path(f"{DRIVER}/claim-{uid}", cdi.DEFAULT_CDI_DIR)
+    before = json.loads(spec.read_text())
+    assert host.stop() == 0
+    spec.unlink()
+    kit.restart_kubelet()
+    registered = len(host.events("registered with the kubelet"))
+    started = time.monotonic()
+    host.start()
+    until(lambda: len(host.events("registered with the kubelet")) > registered, "registered again", 60)
+    kit.timings["DRA: reboot's host start -> driver registered"] = round(time.monotonic() - started, 2)
+    log = host.log.read_text()
+    restored_at = log.rfind('"prepared claims restored"')
+    assert -1 < restored_at < log.rfind('"registered with the kubelet"'), "restored before registering"
+    restored = host.events("prepared claims restored")[-1]
+    assert restored["specs_written"] >= 1, restored
+    assert json.loads(spec.read_text()) == before
+    kit.notes.append(f"DRA reboot: {restored['event']} {restored}")
+    assert list(prepared_claims()) == [uid]
+    assert kit.get("pod", "widget-user")["status"]["phase"] == "Running"
 
 
 def test_deleting_the_pod_unprepares_and_releases_the_widget(kit: Kit, host: DraHost) -> None:
