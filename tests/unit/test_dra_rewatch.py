@@ -5,6 +5,7 @@ failure said once per kind of problem and its recovery once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import structlog
@@ -61,7 +62,7 @@ async def test_a_watch_that_ends_at_once_or_breaks_is_retried_with_backoff_and_s
         ("watching things failed, retrying with backoff", "Too large resource version: 682, current: 681"),
         ("watching things again", None),
     ]
-    assert len(started) == 6 and len(restarts) == 5  # every end of the watch told
-    gaps = [later - earlier for earlier, later in zip(started, started[1:], strict=False)]
+    assert (len(started), len(restarts)) == (6, 5)  # every end of the watch told
+    gaps = [later - earlier for earlier, later in itertools.pairwise(started)]
     assert min(gaps) >= INITIAL / 2  # never started again in a spin
     assert backoff.failures == 0  # the watch works again: the next failure waits the shortest delay
