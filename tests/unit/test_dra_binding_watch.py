@@ -82,11 +82,14 @@ async def test_a_deleted_claim_is_let_go_and_no_watch_starts_without_binding_con
     with fake_server(plugin, [Device("n0", binding_conditions=("Attached",))], NIC) as server:
         watch = BindingWatch(DRIVER, api, {NIC: attached(server, POOL)}, changed, structlog.get_logger())
         namespace, _, name = api.allocate(DRIVER)
-        watch.start()
-        await eventually(lambda: (namespace, name) in watch.following, "the claim followed", within=10)
-        del api.claims[(namespace, name)]
-        await eventually(lambda: not watch.following, "the claim let go", within=10)
+        with structlog.testing.capture_logs() as logs:
+            watch.start()
+            await eventually(lambda: (namespace, name) in watch.following, "the claim followed", within=10)
+            del api.claims[(namespace, name)]
+            await eventually(lambda: not watch.following, "the claim let go", within=10)
         assert watch.settled == 1  # followed until it awaited nothing more: it is gone
+        said = [e["event"] for e in logs if "claim" in e]
+        assert said == ["claim no longer awaits binding conditions"]  # no write failure said for it
         assert plugin.asked < 0  # never attached
         await watch.stop()
     with fake_server(AttachingNic(), [Device("n0")], NIC) as plain:

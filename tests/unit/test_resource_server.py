@@ -13,6 +13,8 @@ from waiting import eventually
 
 from devicehost import Device, Health
 from devicehost.host.backends.backend import Backend
+from devicehost.host.config import HostConfig
+from devicehost.host.context import HostContext
 from devicehost.host.kubelet.client import KubeletClient
 from devicehost.host.kubelet.socket_watch import KubeletSocketWatch
 from devicehost.host.serving.mode import for_mode
@@ -24,13 +26,15 @@ WIDGET = "example.com/widget"
 
 @pytest.fixture
 async def serving(kubelet: KubeletStandIn, plugin_dir: Path) -> AsyncIterator[Serving]:
-    """What a host start's resources share, over a running socket watch and Register client."""
+    """What a host start's resources share, over a running socket watch and Register client;
+    its context polls health every 0.05 s and makes sockets 0660."""
     watch = KubeletSocketWatch(plugin_dir)
     client = KubeletClient(watch, lambda: 5.0)
     registration = for_mode("kubelet", plugin_dir, plugin_dir.parent / "registry", watch, client)
     watching = asyncio.create_task(watch.run())
     rediscoveries: list[None] = []
-    yield Serving(registration, "t1", 0o600, lambda: rediscoveries.append(None), lambda r: lambda s: None)
+    context = HostContext(HostConfig(health_interval=0.05, socket_mode=0o660))
+    yield Serving(context, registration, "t1", lambda: rediscoveries.append(None), lambda r: lambda s: None)
     watching.cancel()
     await asyncio.gather(watching, return_exceptions=True)
     await client.close()
@@ -52,12 +56,13 @@ async def test_a_resource_is_served_polled_superseded_and_withdrawn(
 ) -> None:
     plugin = ScriptedBackend(widgets(WIDGET, 2))
     backend = Backend("ex", plugin, hook_timeout=5.0)
-    server = ResourceServer(backend, widgets(WIDGET, 2), serving, interval=0.05)
+    server = ResourceServer(backend, widgets(WIDGET, 2), serving)
     try:
         await server.start()
         await kubelet.wait_for_resource(WIDGET, healthy=2)
         await eventually(lambda: server.state().registered, "registered")
         assert server.socket.path.is_socket()
+        assert server.socket.path.stat().st_mode & 0o777 == 0o660  # the context's socket_mode
 
         plugin.health = {"w1": Health.UNHEALTHY}  # the health hook's next answer
         await kubelet.wait_for_resource(WIDGET, healthy=1)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from devicehost.resourceapi import ClusterError, Conflict, NotFound
-from devicehost.standin.apiserver import ApiServerStandIn
+from devicehost.standin.apiserver import ApiServerStandIn, Unschedulable
 from devicehost.standin.claimstatus import ClaimStatuses
 
 DRIVER = "example.com"
@@ -56,7 +56,7 @@ async def test_a_down_server_fails_every_call_with_its_error() -> None:
     with pytest.raises(ClusterError, match="connection refused"):
         await api.slices("node-a", DRIVER)
     with pytest.raises(ClusterError, match="connection refused"):
-        await api.claim_object("default", "c")
+        await api.claim("default", "c")
 
 
 async def test_a_claim_is_allocated_free_devices_and_shown_with_its_binding_conditions() -> None:
@@ -65,9 +65,13 @@ async def test_a_claim_is_allocated_free_devices_and_shown_with_its_binding_cond
     await api.create_slice(slice_body("s1", {"name": "w0"}, bound))
     first = api.allocate(DRIVER, devices=["w0"], name="first")
     namespace, uid, name = api.allocate(DRIVER, name="second")  # w0 is taken: w1
-    with pytest.raises(AssertionError, match="only 0 free devices"):
+    with pytest.raises(Unschedulable, match="cannot allocate all claims"):
         api.allocate(DRIVER)
-    body = await api.claim_object(namespace, name)
+    claim = await api.claim(namespace, name)
+    assert (claim.namespace, claim.name, claim.uid) == (namespace, name, uid)
+    assert [(d.pool, d.device) for d in claim.devices] == [("node-a/widget", "w1")]
+    body = api.claim_body(namespace, name)
+    assert claim.body == body
     (result,) = body["status"]["allocation"]["devices"]["results"]
     assert result == {
         "request": "req",
@@ -80,14 +84,14 @@ async def test_a_claim_is_allocated_free_devices_and_shown_with_its_binding_cond
     assert (body["metadata"]["uid"], first[2]) == (uid, "first")
     assert not api.bindable(namespace, name)
     with pytest.raises(NotFound, match="404 NotFound"):
-        await api.claim_object("default", "nope")
+        await api.claim("default", "nope")
 
 
 async def test_a_status_write_needs_the_current_version_and_an_allocated_device() -> None:
     api = ApiServerStandIn()
     await api.create_slice(slice_body("s1", {"name": "w0", "bindingConditions": ["Attached"]}))
     namespace, _, name = api.allocate(DRIVER)
-    body = await api.claim_object(namespace, name)
+    body = api.claim_body(namespace, name)
     device = {"driver": DRIVER, "pool": "node-a/widget", "device": "w0"}
     attached = {**device, "conditions": [{"type": "Attached", "status": "True"}]}
     with pytest.raises(ClusterError, match="422 Invalid: w9: must be an allocated device"):
@@ -104,11 +108,17 @@ async def test_watchers_see_claims_come_change_and_go() -> None:
     await api.create_slice(slice_body("s1", {"name": "w0"}))
     events = api.claim_events()
     namespace, _, name = api.allocate(DRIVER)
-    kind, body = await asyncio.wait_for(anext(events), 5)
-    assert (kind, body["metadata"]["name"]) == ("ADDED", name)
+    kind, claim = await asyncio.wait_for(anext(events), 5)
+    assert (kind, claim.namespace, claim.name) == ("ADDED", namespace, name)
+    assert claim.body == api.claim_body(namespace, name)
+    await api.replace_claim_status(
+        {**claim.body, "status": {"devices": [{"driver": DRIVER, "pool": "node-a/widget", "device": "w0"}]}}
+    )
+    kind, claim = await asyncio.wait_for(anext(events), 5)
+    assert (kind, claim.name, [s["device"] for s in claim.statuses]) == ("MODIFIED", name, ["w0"])
     del api.claims[(namespace, name)]
-    kind, body = await asyncio.wait_for(anext(events), 5)
-    assert (kind, body["metadata"]) == ("DELETED", {"namespace": namespace, "name": name})
+    kind, claim = await asyncio.wait_for(anext(events), 5)
+    assert (kind, claim.namespace, claim.name, claim.devices) == ("DELETED", namespace, name, ())
     await events.aclose()
 
 

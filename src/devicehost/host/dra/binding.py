@@ -108,6 +108,7 @@ class BindingWatch:
             task = self.following.pop(key, None)
             if task is not None:
                 task.cancel()
+                self._settle(key, why="deleted")
             return
         if key in self.following:
             return
@@ -127,10 +128,7 @@ class BindingWatch:
                     if claim is None or not await write_status(
                         self._cluster, self._driver, self._resources, claim, prepared=False
                     ):
-                        self.settled += 1
-                        self.log.info(
-                            "claim no longer awaits binding conditions", claim=f"{namespace}/{name}", uid=uid
-                        )
+                        self._settle((namespace, name), uid=uid)
                         return
                 except ClaimRefused as exc:
                     self.log.error(
@@ -151,6 +149,11 @@ class BindingWatch:
             with contextlib.suppress(KeyError):
                 if self.following[(namespace, name)] is asyncio.current_task():
                     del self.following[(namespace, name)]
+
+    def _settle(self, key: Key, **said: str) -> None:
+        """Count a claim followed until it awaits nothing more, and say so (with ``said``)."""
+        self.settled += 1
+        self.log.info("claim no longer awaits binding conditions", claim=f"{key[0]}/{key[1]}", **said)
 
     async def _fresh(self, claim: ClaimAllocation) -> ClaimAllocation | None:
         """``claim`` read anew (None: gone); one that cannot be read now is asked about as it was."""

@@ -105,6 +105,8 @@ async def write_status(
             await cluster.replace_claim_status(
                 {**body, "status": {**body.get("status", {}), "devices": devices}}
             )
+        except NotFound:
+            return False  # deleted since it was read: nothing awaits it any more
         except Conflict:
             fresh = await reread(cluster, claim)
             if fresh is None:
