@@ -20,8 +20,16 @@ from cdi_guard import child_environ
 from hostfakes import install_fake_distribution, install_test_backends
 
 import devicehost
+from devicehost.hookspecs.types import Device, Resource
 from devicehost.testing.conformance_dra import device_id, dra_run, slice_problems
-from devicehost.testing.conformance_support import CHECKS, RULES, DirectBackend, cdi_resolution, load_plugin
+from devicehost.testing.conformance_support import (
+    CHECKS,
+    RULES,
+    DirectBackend,
+    cdi_resolution,
+    held_together,
+    load_plugin,
+)
 from devicehost.testing.host import BackendLoadError, host_process, running_host
 from devicehost.testing.kubelet import KubeletStandIn
 
@@ -593,6 +601,24 @@ def test_every_check_of_the_suite_names_its_rule() -> None:
     assert sorted(CHECKS) == tests
     fixtures_only = {"settings", "discovery-shape"}  # broken by the direct fixture, for every check
     assert set(CHECKS.values()) == set(RULES) - fixtures_only
+
+
+def test_devices_sharing_counters_are_allocated_in_groups_the_counters_hold() -> None:
+    """A card and its two partitions draw on one set: the card, then the partitions together; a
+    partition too big for its set alone counts for nothing (the host leaves it out of its math)."""
+    card = Device("c0", consumes={"c0": {"memory": "32Gi"}})
+    parts = [Device(f"c0-p{n}", consumes={"c0": {"memory": "16Gi"}}) for n in range(2)]
+    big = Device("c0-big", consumes={"c0": {"memory": "40Gi"}})
+    plain = Device("other")
+    resource = Resource(
+        "x.example.com/a", (card, *parts, big, plain), counter_sets={"c0": {"memory": "32Gi"}}
+    )
+    assert held_together(resource, ["c0", "c0-p0", "c0-p1", "c0-big", "other"]) == [
+        ["c0", "c0-big", "other"],
+        ["c0-p0", "c0-p1"],
+    ]
+    without = Resource("x.example.com/b", (Device("a"), Device("b")))
+    assert held_together(without, ["a", "b"]) == [["a", "b"]]
 
 
 def test_cdi_names_resolve_as_a_runtime_resolves_them(short_tmp: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import subprocess
 import sys
 import time
@@ -32,7 +33,8 @@ from devicehost.host.daemon import Host
 from devicehost.host.inventory import amounts, consumed, overdrawn
 from devicehost.host.ops.status import document
 from devicehost.standin import AdmissionError, DraCallError, KubeletStandIn
-from devicehost.testing.cluster import ClusterStandIn
+from devicehost.standin.allocator import CANNOT_ALLOCATE
+from devicehost.testing.cluster import ClusterStandIn, Unschedulable
 from devicehost.testing.host import beside_kubelet, running_host
 from devicehost_dra_example import DRIVER, RESOURCE, DraExampleBackend
 from devicehost_example import ExampleBackend
@@ -205,8 +207,9 @@ async def test_a_partition_the_device_plugin_api_holds_takes_the_card_off_the_sl
         await rig.kubelet.allocate(RESOURCE, device_ids=[PARTS[2]], pod="p")
         await within_a_second(lambda: rig.published() == {PARTS[0], PARTS[1], PARTS[3]}, "the card withdrawn")
         assert rig.counters() == {"memory": "60Gi", "compute": "75"}  # what the partition left
-        with pytest.raises(AssertionError, match="only 0 free devices"):
+        with pytest.raises(Unschedulable, match=f"^{re.escape(CANNOT_ALLOCATE)}$") as refused:
             rig.cluster.allocate(DRIVER, devices=[FULL])  # the scheduler cannot choose it
+        assert refused.value.why == "request req: 0 devices match"  # the card is not in the slices
         _, error = await rig.prepare(PARTS[0], PARTS[1], PARTS[3])
         assert error == ""  # the rest of the card is DRA's
 
@@ -282,7 +285,7 @@ async def drive(rig: Rig, steps: list[tuple[str, int]]) -> None:
         elif action == "claim":
             try:
                 ref = rig.cluster.allocate(rig.driver, 1 + k % 2)
-            except AssertionError:  # nothing free as the slices say: the claim waits
+            except Unschedulable:  # nothing free as the slices say: the claim waits
                 continue
             if await rig.prepare_claim(ref):  # refused: the scheduler gives it back
                 del rig.cluster.claims[(ref[0], ref[2])]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ from devicehost.host.backends.config_examples import INERT_KEY, declared_inert
 from devicehost.host.backends.loader import UnknownBackendError
 from devicehost.host.config import HostConfig
 from devicehost.host.daemon import Host
+from devicehost.host.inventory import DEVICE_PLUGIN
+from devicehost.host.state import ResourceState
 from devicehost.standin import AdmissionError, EventKind, KubeletStandIn, ResourceView
 from devicehost.testing.conformance_dra import (
     REQUEST,
@@ -81,6 +84,7 @@ from devicehost.testing.conformance_support import (
     fault_cleared,
     health_toggle,
     healthy_ids,
+    held_together,
     leaks_after,
     load_plugin,
     servable,
@@ -174,22 +178,75 @@ async def _view(kubelet: KubeletStandIn, resource: Resource, rule: str) -> Resou
 
 
 async def _allocation_problems(
-    kubelet: KubeletStandIn, resources: Sequence[Resource], cdi_dir: Path, rule: str
+    kubelet: KubeletStandIn, host: Host, resources: Sequence[Resource], cdi_dir: Path, rule: str
 ) -> tuple[list[str], list[str]]:
-    """Allocate every healthy device over the wire: failed allocations, and undefined CDI names."""
-    failures, undefined = [], []
+    """Allocate every healthy device over the wire, each to a pod of its own: failed allocations,
+    and undefined CDI names. Devices whose shared counters cannot all be held at once (a card and
+    its partitions) go group after group (:func:`held_together`): the pods of one group end
+    before the next, and the host lets their devices go once pod-resources no longer lists them."""
+    failures, undefined, numbers = [], [], itertools.count()
     for resource in resources:
         view = await _view(kubelet, resource, rule)
-        for device in (d.id for d in view.devices if d.healthy):
-            try:
-                response = await kubelet.allocate_ids(resource.name, [device])
-            except grpc.aio.AioRpcError as exc:
-                failures.append(f"{resource.name} {device}: {exc.code().name} {exc.details()}")
-                continue
-            assert len(response.container_responses) == 1
-            names = [c.name for c in response.container_responses[0].cdi_devices]
-            undefined += [f"{resource.name} {device}: {p}" for p in undefined_cdi_names(names, cdi_dir)]
+        healthy = [d.id for d in view.devices if d.healthy]
+        pods: dict[str, str] = {}
+        for group in held_together(resource, healthy):
+            await _end_pods(kubelet, host, resource, pods, len(healthy), rule)
+            for device in group:
+                pod = f"conformance-{rule}-{next(numbers)}"
+                try:
+                    result = await kubelet.allocate(resource.name, 1, [device], pod=pod)
+                except grpc.aio.AioRpcError as exc:
+                    failures.append(f"{resource.name} {device}: {exc.code().name} {exc.details()}")
+                    continue
+                except AdmissionError as exc:
+                    failures.append(f"{resource.name} {device}: {exc}")
+                    continue
+                pods[pod] = device
+                names = [c.name for c in result.response.container_responses[0].cdi_devices]
+                undefined += [f"{resource.name} {device}: {p}" for p in undefined_cdi_names(names, cdi_dir)]
     return failures, undefined
+
+
+async def _end_pods(
+    kubelet: KubeletStandIn, host: Host, resource: Resource, pods: dict[str, str], healthy: int, rule: str
+) -> None:
+    """End ``pods`` (pod name -> its device; none: nothing to do) once the host has seen them in
+    pod-resources, as a kubelet's pods run before they end; then wait until the host holds none
+    of their devices, nothing is masked, and the kubelet has ``healthy`` Healthy devices again."""
+    if not pods:
+        return
+    name, ids = resource.name, set(pods.values())
+    if host.release is not None:
+        seen = f"{name}: the host never saw the pods of {sorted(ids)} in pod-resources"
+        await _until(lambda: _pods_seen(host, name, ids), rule, seen)
+    for pod in pods:
+        kubelet.release_pod(pod)
+    pods.clear()
+    held = f"{name}: the host still holds {sorted(ids)}, or masks devices, after their pods ended"
+    await _until(lambda: _let_go(host, name, ids), rule, held)
+    try:
+        await kubelet.wait_for_resource(name, healthy=healthy, timeout=WAIT)
+    except AssertionError as exc:
+        broken(rule, f"{name}: the devices of ended pods never came back Healthy at the kubelet: {exc}")
+
+
+def _state(host: Host, name: str) -> ResourceState | None:
+    """The host's state of resource ``name`` (None: it does not serve it)."""
+    return next((r for r in host.snapshot().resources if r.name == name), None)
+
+
+def _pods_seen(host: Host, name: str, ids: set[str]) -> bool:
+    """Whether pod-resources, as the host last read it, lists ``ids`` as held by containers."""
+    state = _state(host, name)
+    return state is None or ids <= set(state.holders)
+
+
+def _let_go(host: Host, name: str, ids: set[str]) -> bool:
+    """Whether the host holds none of ``ids`` for a container, releases nothing and masks nothing."""
+    state = _state(host, name)
+    if state is None:
+        return True
+    return not ids & set(state.holders) and not state.releasing and not state.masked.get(DEVICE_PLUGIN)
 
 
 def _call(rule: str, what: str, hook: Callable[..., Any], **kwargs: Any) -> Any:
@@ -374,7 +431,7 @@ def test_backend_refuses_unknown_ids(direct: DirectBackend, served: list[Resourc
 async def test_every_device_allocates_over_the_wire(
     served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host, devicehost_cdi_dir: Path
 ) -> None:
-    failures, _ = await _allocation_problems(kubelet, served, devicehost_cdi_dir, "allocation-wire")
+    failures, _ = await _allocation_problems(kubelet, host, served, devicehost_cdi_dir, "allocation-wire")
     if failures:
         broken("allocation-wire", "; ".join(failures[:5]))
 
@@ -383,7 +440,7 @@ async def test_every_device_allocates_over_the_wire(
 async def test_cdi_names_are_defined(
     served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host, devicehost_cdi_dir: Path
 ) -> None:
-    _, undefined = await _allocation_problems(kubelet, served, devicehost_cdi_dir, "cdi-names")
+    _, undefined = await _allocation_problems(kubelet, host, served, devicehost_cdi_dir, "cdi-names")
     if undefined:
         broken("cdi-names", "; ".join(undefined[:5]))
 
@@ -416,7 +473,7 @@ async def test_reload_keeps_allocations_working(
     before = host.discoveries
     host.request_reload()
     await _until(lambda: host.discoveries > before, "reload", "the host never rediscovered after the reload")
-    failures, undefined = await _allocation_problems(kubelet, expected, devicehost_cdi_dir, "reload")
+    failures, undefined = await _allocation_problems(kubelet, host, expected, devicehost_cdi_dir, "reload")
     if failures or undefined:
         broken("reload", "; ".join([*failures, *undefined][:5]))
 
@@ -435,13 +492,21 @@ async def _until(check: Callable[[], bool], rule: str, what: str) -> None:
 async def test_kubelet_admission_succeeds(
     served: list[Resource], starts: None, kubelet: KubeletStandIn, host: Host
 ) -> None:
+    """Two devices (or one) per resource, as the kubelet picks them: GetPreferredAllocation's
+    answer when the resource offers it; else, for devices sharing counters, two the counters let
+    the kubelet hold at once (the host refuses a card with its own partition)."""
     for resource in served:
         view = await _view(kubelet, resource, "admission")
         count = min(2, view.healthy)
         if count == 0:
             continue
+        ids = None
+        if resource.counter_sets and not view.options.get_preferred_allocation_available:
+            groups = held_together(resource, [d.id for d in view.devices if d.healthy])
+            ids = max(groups, key=len)[:count]
+            count = len(ids)
         try:
-            result = await kubelet.allocate(resource.name, count)
+            result = await kubelet.allocate(resource.name, count, ids)
         except (grpc.aio.AioRpcError, AdmissionError) as exc:
             broken("admission", f"{resource.name}, {count} devices: {exc}")
         assert len(result.device_ids) == count
@@ -678,10 +743,16 @@ async def test_dra_publishes_every_resource(served: list[Resource], dra: DraRun)
 @dra_check
 @pytest.mark.asyncio
 async def test_dra_claims_are_prepared(served: list[Resource], dra: DraRun) -> None:
+    """Every published device alone, then two the scheduler could give one claim (their shared
+    counters hold both: not a card with its own partition)."""
     for resource in served:
-        published = [d["name"] for d in await dra.published(resource, healthy_ids(resource), "dra-prepare")]
+        names = {
+            device_id(d): d["name"]
+            for d in await dra.published(resource, healthy_ids(resource), "dra-prepare")
+        }
         await dra.registered(resource, "dra-prepare")
-        for devices in [*([name] for name in published), *([published[:2]] if len(published) > 1 else [])]:
+        pair = [names[i] for i in max(held_together(resource, list(names)), key=len, default=[])[:2]]
+        for devices in [*([name] for name in names.values()), *([pair] if len(pair) > 1 else [])]:
             claim = dra.claim(resource, devices)
             first = await dra.prepare(resource, claim, "dra-prepare")
             problems = answer_problems(dra, resource, devices, first)

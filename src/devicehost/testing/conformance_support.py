@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 
 import pytest
 
-from devicehost import cdi
+from devicehost import cdi, quantity
 from devicehost.hookspecs import rules
-from devicehost.hookspecs.types import Health, Resource
+from devicehost.hookspecs.types import Device, Health, Resource
 from devicehost.host import reconcile
 from devicehost.host.backends.backend import new_plugin_manager
 from devicehost.host.backends.loader import UnknownBackendError, load_backends
@@ -43,8 +43,8 @@ RULES = {
     "cdi-names": "every CDI device name an allocation returns resolves as a runtime with CDI resolves it when the answer comes: exactly one valid spec in the CDI dir defines it",
     "reload": "after a reload with new settings, every device still allocates and its CDI names resolve",
     "allocation-answer": "devicehost_allocate answers every healthy device with a well-formed ContainerAllocation",
-    "allocation-wire": "every advertised healthy device can be allocated by the kubelet over the wire",
-    "admission": "the kubelet's admission (GetPreferredAllocation, Allocate, PreStartContainer) succeeds",
+    "allocation-wire": "every advertised healthy device can be allocated by the kubelet over the wire, to a pod of its own (devices whose shared counters cannot all be held at once, a card and its partitions, group after group: a group's pods end, and the host lets their devices go, before the next)",
+    "admission": "the kubelet's admission (GetPreferredAllocation, Allocate, PreStartContainer) succeeds (without GetPreferredAllocation, for devices sharing counters, of devices the counters let it hold at once)",
     "unknown-ids-host": "Allocate of unknown device IDs gets INVALID_ARGUMENT from the host",
     "unknown-ids-backend": "devicehost_allocate raises for device IDs the resource does not have",
     "start-stop": "devicehost_start/devicehost_stop can be repeated and stop releases what start took",
@@ -52,7 +52,7 @@ RULES = {
     "kubelet-restart": "every resource registers again, with its devices, after the kubelet restarts",
     "device-release": "devicehost_release returns for devices a pod held, and they are allocatable again after it",
     "dra-slices": "served through DRA, each resource's healthy devices are published in its ResourceSlice, with names and attributes the API server accepts",
-    "dra-prepare": "a claim of one device (and of two) is prepared through the kubelet: its devices, in the resource's pool, with CDI IDs a spec in the CDI dir defines; asked again, the same answer",
+    "dra-prepare": "a claim of one device (and of two whose shared counters hold both) is prepared through the kubelet: its devices, in the resource's pool, with CDI IDs a spec in the CDI dir defines; asked again, the same answer",
     "dra-unprepare": "a claim unprepared through the kubelet reaches devicehost_release (when implemented), leaves the host, and its device can be prepared again",
     "dra-config": "a claim whose configuration the backend's claim config model takes (its JSON schema examples, else one built from its required fields) is prepared, and the allocate hook gets an instance of the model; without a model, any mapping is prepared and arrives as given",
     "dra-config-refused": "a claim whose configuration the model refuses (an unknown key) fails alone, naming the key path, without an allocate call, and the other claims of the same call are prepared: a model refuses with ValueError (pydantic's ValidationError), never another exception",
@@ -317,6 +317,38 @@ class DirectBackend:
 def servable(resources: Sequence[Resource]) -> list[Resource]:
     """The resources the host would serve from this discovery: its own plan, nothing served yet."""
     return [resource for _, resource in reconcile.plan([("backend", resources)], {}).add]
+
+
+def held_together(resource: Resource, ids: Sequence[str]) -> list[list[str]]:
+    """``ids`` in groups whose devices the kubelet can hold at once: in order, each device joins
+    the first group whose devices it fits the resource's counter sets with (a card and its
+    partitions draw on one set, so they fall into different groups). A device that overdraws a
+    set alone (``dra-counters`` names it) counts for nothing, as the host leaves it out of its
+    counter math. Without counter sets, one group."""
+    by_id = {d.id: d for d in resource.devices}
+    groups: list[tuple[list[str], list[Device]]] = []
+    for device_id in ids:
+        device = by_id.get(device_id)
+        counted = [device] if device is not None and device.consumes and _fit(resource, [device]) else []
+        group = next((g for g in groups if _fit(resource, [*g[1], *counted])), None)
+        if group is None:
+            group = ([], [])
+            groups.append(group)
+        group[0].append(device_id)
+        group[1].extend(counted)
+    return [chosen for chosen, _ in groups]
+
+
+def _fit(resource: Resource, devices: Sequence[Device]) -> bool:
+    """Whether ``devices`` together take no more of any declared counter than its set holds."""
+    for name, counters in resource.counter_sets.items():
+        for counter, amount in counters.items():
+            taken = sum(
+                quantity.parse(d.consumes[name].get(counter, 0)) for d in devices if name in d.consumes
+            )
+            if taken > quantity.parse(amount):
+                return False
+    return True
 
 
 def healthy_ids(resource: Resource) -> list[str]:

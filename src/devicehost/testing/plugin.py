@@ -326,10 +326,15 @@ def devicehost_cdi_dir(devicehost_dir: Path) -> Iterator[Path]:
 
 @pytest_asyncio.fixture
 async def kubelet(devicehost_dir: Path) -> AsyncIterator[KubeletStandIn]:
-    """A started kubelet stand-in serving ``kubelet.sock`` in a fresh device-plugins dir."""
+    """A started kubelet stand-in serving ``kubelet.sock`` in a fresh device-plugins dir, and
+    pod-resources beside it, where a host :func:`~devicehost.testing.host.running_host` starts
+    follows it (the pods of :meth:`~devicehost.standin.KubeletStandIn.allocate` hold their devices
+    until :meth:`~devicehost.standin.KubeletStandIn.release_pod`)."""
     from devicehost.standin import KubeletStandIn
+    from devicehost.testing.host import beside_kubelet
 
-    async with KubeletStandIn(devicehost_dir / "device-plugins") as stand_in:
+    plugins = devicehost_dir / "device-plugins"
+    async with KubeletStandIn(plugins, pod_resources_socket=beside_kubelet(plugins)) as stand_in:
         yield stand_in
 
 
