@@ -14,12 +14,12 @@ import contextvars
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devicehost._files import write_atomically
 from devicehost.hookspecs.rules import cdi_name_problem
 from devicehost.hookspecs.types import ContainerAllocation, keyword_only
 
@@ -347,19 +347,9 @@ def move_spec(kind: str, source: str | os.PathLike[str], target: str | os.PathLi
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """``text`` as ``path`` (mode 0644): a synced hidden temporary file beside it, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fchmod(file.fileno(), SPEC_MODE)
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    """``text`` as ``path`` (mode 0644), whole (:func:`devicehost._files.write_atomically`), and
+    the rename synced too."""
+    write_atomically(path, text, SPEC_MODE)
     _fsync_directory(path.parent)
 
 

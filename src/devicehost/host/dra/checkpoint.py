@@ -29,7 +29,6 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from devicehost._files import write_atomically
 
 log = structlog.get_logger(__name__)
 
@@ -312,21 +313,9 @@ class Checkpoint:
 
 
 def write_file(path: Path, text: str) -> tuple[int, int, int]:
-    """Write ``text`` to a synced temporary file beside ``path`` and rename it over ``path``;
-    the written file's :func:`_signature`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-            stat = os.fstat(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return _signature(stat)
+    """Write ``text`` as ``path``, whole (:func:`devicehost._files.write_atomically`); the
+    written file's :func:`_signature`."""
+    return _signature(write_atomically(path, text))
 
 
 def set_aside(path: Path) -> tuple[Path | None, str]:

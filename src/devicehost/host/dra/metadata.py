@@ -16,13 +16,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from devicehost import cdi
+from devicehost._files import write_atomically
 from devicehost.host.dra.checkpoint import PreparedClaim, PreparedDevice
 from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.slices import device_entry
@@ -124,7 +124,9 @@ class DeviceMetadata:
         spec_devices, ids = [], {}
         for top, requests in by_top.items():
             host = self._root / claim.uid / top / f"{self._driver}-metadata.json"
-            _write_atomically(host, json.dumps(document(claim, pod_claim, self._driver, requests), indent=2))
+            write_atomically(
+                host, json.dumps(document(claim, pod_claim, self._driver, requests), indent=2), 0o644
+            )
             mount = cdi.Mount(host_path=str(host), container_path=container_path(claim.name, pod_claim, top, self._driver), options=("bind", "ro"))  # fmt: skip
             name = f"{top}.metadata"  # a request name is a DNS label
             spec_devices.append(cdi.Device(name=name, edits=cdi.ContainerEdits(mounts=[mount])))
@@ -149,12 +151,3 @@ def _with_ids(devices: Sequence[PreparedDevice], ids: Mapping[str, str]) -> tupl
             device = dataclasses.replace(device, cdi_ids=(*device.cdi_ids, ids[top]))
         out.append(device)
     return tuple(out)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (made readable to all) by renaming a whole file into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(text, encoding="utf-8")
-    os.chmod(scratch, 0o644)
-    os.replace(scratch, path)
