@@ -57,6 +57,7 @@ import grpc
 from benchmarks.figures import Figure, Target, compared, ms, percentile
 from benchmarks.procs import ServerProcess, _spawn, running
 from benchmarks.settings import Settings
+from devicehost._files import write_atomically
 from devicehost.proto.dra.v1 import api_pb2, api_pb2_grpc
 
 MEASUREMENT = "dra_prepare"
@@ -103,19 +104,9 @@ def spec_json(kind: str, device: str) -> str:
 
 
 def write_durably(path: Path, text: str, mode: int | None = None) -> None:
-    """Temporary file beside ``path``, fsync, rename over it (as the host writes both files)."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            if mode is not None:
-                os.fchmod(file.fileno(), mode)
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    """Temporary file beside ``path``, fsync, rename over it, as the host writes both files (its
+    own function: the baseline does the same file work, without the host around it)."""
+    write_atomically(path, text, mode)
 
 
 def fsync_directory(directory: Path) -> None:
