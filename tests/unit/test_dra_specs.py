@@ -49,6 +49,20 @@ def test_a_spec_is_written_moved_after_a_reload_and_removed(tmp_path: Path) -> N
     assert not cdi.spec_path(KIND, tmp_path / "b").exists()
 
 
+def test_a_reload_moves_a_claims_device_metadata_spec_too(tmp_path: Path) -> None:
+    context = HostContext(HostConfig(cdi_dir=tmp_path / "a"))
+    specs = ClaimSpecs(DRIVER, context, structlog.get_logger())
+    metadata = f"{DRIVER}/metadata-{UID}"
+    mount = cdi.Mount(host_path="/m.json", container_path="/var/run/m.json", options=("bind", "ro"))
+    spec = cdi.Spec(kind=metadata, devices=[cdi.Device("req.metadata", cdi.ContainerEdits(mounts=[mount]))])
+    cdi.write_spec(spec, tmp_path / "a")
+    context.config = context.config.model_copy(update={"cdi_dir": tmp_path / "b"})
+    specs.follow([UID])
+    (edits,) = resolve([f"{metadata}=req.metadata"], [tmp_path / "b"])
+    assert edits["mounts"][0]["containerPath"] == "/var/run/m.json"
+    assert not cdi.spec_path(metadata, tmp_path / "a").exists()
+
+
 def test_a_kept_spec_is_written_again_only_where_missing_or_different(tmp_path: Path) -> None:
     specs = ClaimSpecs(DRIVER, HostContext(HostConfig(cdi_dir=tmp_path)), structlog.get_logger())
     kept = cdi.Spec(kind=KIND, devices=claim_devices()).to_dict()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from devicehost import cdi
 from devicehost._files import write_atomically
+from devicehost.host.dra import names
 from devicehost.host.dra.checkpoint import PreparedClaim, PreparedDevice
 from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.slices import device_entry
@@ -111,7 +112,7 @@ class DeviceMetadata:
         return [d for d in devices if d.resource in opted]
 
     def _kind(self, uid: str) -> str:
-        return f"{self._driver}/metadata-{uid}"
+        return names.metadata_kind(self._driver, uid)
 
     def _write(self, claim: PreparedClaim, read: ClaimAllocation) -> PreparedClaim:
         pod_claim = (read.body.get("metadata", {}).get("annotations") or {}).get(POD_CLAIM_NAME)

@@ -115,6 +115,11 @@ def cdi_kind(driver: str, claim_uid: str) -> str:
     return f"{driver}/claim-{claim_uid}"
 
 
+def metadata_kind(driver: str, claim_uid: str) -> str:
+    """The CDI kind of one claim's device metadata mounts (KEP-5304), beside its own spec."""
+    return f"{driver}/metadata-{claim_uid}"
+
+
 def cdi_device_name(request: str, resource: str) -> str:
     """The CDI device of one request in a claim's spec: ``<request>.<class>``; a subrequest of a
     prioritized list (``gpu/older``) becomes ``gpu_older`` (request names are DNS labels: no ``_``)."""

@@ -1,4 +1,5 @@
-"""Each prepared claim's CDI spec (``<driver>/claim-<uid>``) in the host's live ``cdi_dir``.
+"""Each prepared claim's CDI spec (``<driver>/claim-<uid>``) in the host's live ``cdi_dir``
+(and, after a reload, its device metadata's: ``<driver>/metadata-<uid>``).
 
 :class:`ClaimSpecs` writes and removes them where the host context says now, and after a
 reload that changed ``cdi_dir`` moves those of the prepared claims there, so a container
@@ -68,13 +69,15 @@ class ClaimSpecs:
         cdi.remove_spec(self.kind(uid), self.directory)
 
     def follow(self, prepared: Iterable[str]) -> None:
-        """Move the specs of the ``prepared`` claims (UIDs) to ``cdi_dir`` if it changed since."""
+        """Move the specs of the ``prepared`` claims (UIDs) to ``cdi_dir`` if it changed since:
+        each claim's own, and its device metadata's where it has one."""
         source, target = self._where, self.directory
         if source is None or target is None or source == target:
             return
         for uid in prepared:
             try:
                 cdi.move_spec(self.kind(uid), source, target)
+                cdi.move_spec(names.metadata_kind(self._driver, uid), source, target)
             except (OSError, ValueError) as exc:
                 self._log.error("claim's CDI spec not moved to the new cdi_dir", uid=uid, error=str(exc))
         self._where = target
