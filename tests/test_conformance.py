@@ -629,10 +629,15 @@ def test_cdi_names_resolve_as_a_runtime_resolves_them(short_tmp: Path) -> None:
         "cdiVersion": "0.6.0",
         "kind": "x1.example.com/claim",
         "containerEdits": {"env": ["X1=1"]},
-        "devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}}, {"name": "b", "containerEdits": {}}],
+        "devices": [
+            {"name": "a", "containerEdits": {"env": ["A=1"]}},
+            {"name": "b", "containerEdits": {"env": ["B=1"]}},
+        ],
     }
     (short_tmp / "one.json").write_text(json.dumps(spec))
-    (short_tmp / "two.yaml").write_text(yaml.safe_dump({**spec, "devices": [{"name": "b"}]}))
+    (short_tmp / "two.yaml").write_text(
+        yaml.safe_dump({**spec, "devices": [{"name": "b", "containerEdits": {"env": ["B=2"]}}]})
+    )
     (short_tmp / "bad.json").write_text(json.dumps({**spec, "cdiVersion": None, "devices": [{"name": "c"}]}))
     edits, problems = cdi_resolution(["x1.example.com/claim=a"], short_tmp)
     assert (edits["env"], problems) == (["A=1", "X1=1"], [])

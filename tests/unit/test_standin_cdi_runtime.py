@@ -62,3 +62,10 @@ def test_a_later_dir_wins_over_an_earlier_one(tmp_path: Path) -> None:
     write(tmp_path / "etc", "a.json", spec())
     write(tmp_path / "run", "a.json", spec(devices=[{"name": "g0", "containerEdits": later}]))
     assert resolve(["example.com/gpu=g0"], [tmp_path / "etc", tmp_path / "run", tmp_path / "none"]) == [later]
+
+
+def test_a_spec_s_own_edits_come_before_each_device_s(tmp_path: Path) -> None:
+    write(tmp_path, "a.json", spec(containerEdits={"env": ["SHARED=1"], "mounts": [{"hostPath": "/a"}]}))
+    assert resolve(["example.com/gpu=g0"], [tmp_path]) == [
+        {"env": ["SHARED=1", "A=1"], "mounts": [{"hostPath": "/a"}]}
+    ]

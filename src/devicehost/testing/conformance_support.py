@@ -17,12 +17,13 @@ from typing import Any, NoReturn
 
 import pytest
 
-from devicehost import cdi, quantity
+from devicehost import quantity
 from devicehost.hookspecs import rules
 from devicehost.hookspecs.types import Device, Health, Resource
 from devicehost.host import reconcile
 from devicehost.host.backends.backend import new_plugin_manager
 from devicehost.host.backends.loader import UnknownBackendError, load_backends
+from devicehost.standin.cdi_runtime import definitions
 
 __all__ = ["CHECKS", "RULES", "DirectBackend", "broken", "cdi_resolution", "load_plugin"]
 
@@ -206,74 +207,27 @@ def _backend_trace(exc: BaseException) -> str:
     return "Traceback (the backend's frames):\n" + "".join(lines).rstrip()
 
 
-def _spec_problem(spec: object) -> str | None:
-    """Why a container runtime would skip a parsed CDI spec (it then defines nothing)."""
-    if not isinstance(spec, dict):
-        return "not a mapping"
-    if not isinstance(spec.get("cdiVersion"), str):
-        return "no cdiVersion"
-    kind = spec.get("kind")
-    problem = cdi.kind_problem(kind) if isinstance(kind, str) else "no kind"
-    if problem:
-        return problem
-    devices = spec.get("devices")
-    if not isinstance(devices, list) or not devices:
-        return "no devices"
-    for device in devices:
-        name = device.get("name") if isinstance(device, dict) else None
-        if not isinstance(name, str) or rules.cdi_name_problem(f"{kind}={name}"):
-            return f"device {name!r:.60} is not a valid CDI device name"
-    return None
-
-
-def _loaded_specs(
-    cdi_dir: Path,
-) -> tuple[dict[str, list[tuple[Path, dict[str, Any], dict[str, Any]]]], dict[Path, str]]:
-    """Every CDI device the specs in ``cdi_dir`` define (by qualified name, each definition with its
-    file, spec and device), and the spec files a runtime skips, with why."""
-    import yaml  # only the suite reads specs
-
-    defined: dict[str, list[tuple[Path, dict[str, Any], dict[str, Any]]]] = {}
-    skipped: dict[Path, str] = {}
-    for path in sorted(cdi_dir.glob("*")):
-        if path.suffix not in (".json", ".yaml") or not path.is_file():
-            continue
-        try:
-            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            skipped[path] = f"cannot be read: {' '.join(str(exc).split())[:120]}"
-            continue
-        problem = _spec_problem(spec)
-        if problem:
-            skipped[path] = problem
-            continue
-        for device in spec["devices"]:
-            defined.setdefault(f"{spec['kind']}={device['name']}", []).append((path, spec, device))
-    return defined, skipped
-
-
 def cdi_resolution(names: Sequence[str], cdi_dir: Path) -> tuple[dict[str, list[Any]], list[str]]:
-    """``names`` resolved as a container runtime with CDI resolves them now: the container edits
-    they give together (each kind of edit, sorted), and a problem for each name no valid spec
-    defines, or that two specs define (a runtime refuses such a name)."""
-    defined, skipped = _loaded_specs(cdi_dir)
+    """``names`` resolved as a container runtime with CDI resolves them now (the stand-in runtime,
+    :mod:`devicehost.standin.cdi_runtime`): the container edits they give together (each kind of
+    edit, sorted), and a problem for each name no valid spec defines, or that two specs define (a
+    runtime refuses such a name)."""
+    defined, refused = definitions(cdi_dir)
     edits: dict[str, list[Any]] = {"env": [], "deviceNodes": [], "mounts": [], "hooks": []}
     problems = []
     for name in names:
         found = defined.get(name, [])
         if len(found) != 1:
             where = (
-                f"defined by {len(found)} specs ({', '.join(p.name for p, _, _ in found)})"
+                f"defined by {len(found)} specs ({', '.join(p.name for p, _ in found)})"
                 if found
                 else "defined by no spec"
             )
-            why = "; ".join(f"{p.name} skipped: {w}" for p, w in skipped.items())
+            why = "; ".join(f"{p.name} skipped: {w}" for p, w in refused.items())
             problems.append(f"{name!r}: {where} in the CDI dir{f' ({why})' if why and not found else ''}")
             continue
-        _, spec, device = found[0]
-        for held in (spec.get("containerEdits") or {}, device.get("containerEdits") or {}):
-            for kind in edits:
-                edits[kind] += held.get(kind) or []
+        for kind, values in found[0][1].items():
+            edits.setdefault(kind, []).extend(values)
     return {k: sorted(v, key=repr) for k, v in edits.items()}, problems
 
 
