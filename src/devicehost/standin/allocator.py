@@ -30,8 +30,8 @@ from celpy import celtypes
 from devicehost import quantity
 from devicehost.resourceapi import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from devicehost.standin.capacity import consumption
+from devicehost.standin.catalog import Catalog, Published, catalog
 from devicehost.standin.cel import Selector, SelectorError, compile_selector, device_variable
-from devicehost.standin.inventory import Inventory, Published, inventory
 
 __all__ = [
     "CANNOT_ALLOCATE",
@@ -166,7 +166,7 @@ def _add(used: dict[str, Decimal], amounts: Mapping[str, Decimal], sign: int) ->
         used[name] = used.get(name, Decimal(0)) + sign * amount
 
 
-def usage(found: Inventory, claims: Iterable[ClaimAllocation]) -> Usage:
+def usage(found: Catalog, claims: Iterable[ClaimAllocation]) -> Usage:
     """What the ``claims`` hold of the published devices (admin access holds nothing)."""
     held = Usage()
     for claim in claims:
@@ -283,7 +283,7 @@ class Search:
     """The backtracking search for the devices of the claims allocated together."""
 
     def __init__(
-        self, requests: Sequence[Sequence[Choice]], found: Inventory, held: Usage, bound: Sequence[Constraint]
+        self, requests: Sequence[Sequence[Choice]], found: Catalog, held: Usage, bound: Sequence[Constraint]
     ) -> None:
         self.requests, self.found, self.held, self.bound = requests, found, held, bound
         self.picks: list[Pick] = []
@@ -476,7 +476,7 @@ def allocate_together(
     )
     whys = []
     for name in nodes:
-        found = inventory(slices, taint_rules, name)
+        found = catalog(slices, taint_rules, name)
         bound = [c for index, spec in enumerate(specs) for c in constraints(spec, index)]
         search = Search(requests, found, usage(found, claims), bound)
         try:

@@ -1,6 +1,6 @@
 """The devices the scheduler allocates from: the newest generation of each published pool.
 
-:func:`inventory` reads ResourceSlices (as JSON) into :class:`Published` devices, in the order the
+:func:`catalog` reads ResourceSlices (as JSON) into :class:`Published` devices, in the order the
 allocator tries them (by driver, pool and slice name, then as each slice lists them), each with
 its taints (its slice's and those of the DeviceTaintRules that select it), and the pools' shared
 counter sets. Slices of an older generation of a pool than its newest are left out, as the
@@ -19,7 +19,7 @@ from typing import Any
 
 from devicehost import quantity
 
-__all__ = ["Inventory", "Published", "inventory"]
+__all__ = ["Catalog", "Published", "catalog"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Published:
 
 
 @dataclass
-class Inventory:
+class Catalog:
     """The devices the allocator tries, in order, and the pools' counter sets."""
 
     devices: list[Published]
@@ -112,11 +112,11 @@ def _newest(slices: Iterable[Mapping[str, Any]], node: str | None) -> list[Mappi
     )
 
 
-def inventory(
+def catalog(
     slices: Iterable[Mapping[str, Any]],
     taint_rules: Iterable[Mapping[str, Any]] = (),
     node: str | None = None,
-) -> Inventory:
+) -> Catalog:
     """The published devices of ``slices`` (of ``node``; every node's with None) and their counters."""
     rules = list(taint_rules)
     devices: list[Published] = []
@@ -139,4 +139,4 @@ def inventory(
         for entry in spec.get("devices") or ():
             taints = (*(entry.get("taints") or ()), *_ruled(driver, pool, entry["name"], rules))
             devices.append(Published(driver, pool, entry["name"], entry, taints))
-    return Inventory(devices, counter_sets, incomplete)
+    return Catalog(devices, counter_sets, incomplete)

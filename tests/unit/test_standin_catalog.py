@@ -1,4 +1,4 @@
-"""The devices the stand-in's scheduler allocates from (``standin/inventory.py``): the newest
+"""The devices the stand-in's scheduler allocates from (``standin/catalog.py``): the newest
 generation of each pool of the node, in the allocator's order, with their slices' and the
 DeviceTaintRules' taints, capacities, counters and attributes; a pool missing slices of its
 newest generation is incomplete."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from devicehost.standin.inventory import inventory
+from devicehost.standin.catalog import catalog
 
 DRIVER = "example.com"
 
@@ -35,10 +35,10 @@ def test_the_newest_generation_of_each_pool_of_the_node_in_the_allocators_order(
         slice_body("b", "o", 1, {"name": "x0"}, count=2),  # one slice of two: being rewritten
         slice_body("other-node", "q", 1, {"name": "y0"}, node="m"),
     ]
-    found = inventory(slices, node="n")
+    found = catalog(slices, node="n")
     assert [(d.pool, d.name) for d in found.devices] == [("o", "x0"), ("p", "w1"), ("p", "w0")]
     assert found.incomplete == {(DRIVER, "o")}
-    assert [d.name for d in inventory(slices).devices] == ["x0", "w1", "w0", "y0"]  # every node's
+    assert [d.name for d in catalog(slices).devices] == ["x0", "w1", "w0", "y0"]  # every node's
 
 
 def test_taints_capacity_counters_and_attributes_as_the_allocator_reads_them() -> None:
@@ -60,7 +60,7 @@ def test_taints_capacity_counters_and_attributes_as_the_allocator_reads_them() -
     elsewhere = {
         "spec": {"deviceSelector": {"pool": "elsewhere"}, "taint": {"key": "c", "effect": "NoExecute"}}
     }
-    found = inventory([slice_body("s", "p", 1, gpu, {"name": "g1"}, **shared)], [rule, elsewhere])
+    found = catalog([slice_body("s", "p", 1, gpu, {"name": "g1"}, **shared)], [rule, elsewhere])
     g0, g1 = found.devices
     assert [t["key"] for t in g0.taints] == ["a", "b"]
     assert g1.taints == ()
