@@ -169,13 +169,7 @@ async def claim_bodies(
 ) -> AsyncGenerator[tuple[str, Mapping[str, Any]]]:
     """The claims' watch events with each claim as JSON."""
     async for kind, claim in events:
-        yield kind, claim.body or gone_claim(claim)
-
-
-def gone_claim(claim: ClaimAllocation) -> dict[str, Any]:
-    """A deleted claim as a watch shows it."""
-    metadata = {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid}
-    return {"apiVersion": SLICE_API_VERSION, "kind": "ResourceClaim", "metadata": metadata}
+        yield kind, claim.body
 
 
 def kubeconfig(path: Path, server: str) -> Path:

@@ -25,6 +25,7 @@ from devicehost.resourceapi import (
     NotFound,
     claim_allocation,
 )
+from devicehost.standin.scheduling import claim_spec
 
 CLAIM_POLL = 0.05
 """Seconds between looks for changed claims (tests change :attr:`claims` directly)."""
@@ -42,6 +43,9 @@ class ClaimStatuses(abc.ABC):
         self.claims: dict[Key, ClaimAllocation] = {}
         self.statuses: dict[str, list[dict[str, Any]]] = {}
         """``status.devices`` of each claim, by its UID."""
+        self.specs: dict[str, Mapping[str, Any]] = {}
+        """The ``spec`` each claim was written with, by its UID (a claim a test stores without
+        one shows the spec its allocation answers: :func:`spec_of`)."""
         self.changed = asyncio.Event()
         """Set on every change of a claim, its status or a slice."""
 
@@ -71,15 +75,19 @@ class ClaimStatuses(abc.ABC):
         self.changed.set()
 
     async def claim_events(self) -> AsyncIterator[tuple[str, ClaimAllocation]]:
+        """Every change of a claim; a deleted claim's event carries its last state, as a real
+        watch's ``DELETED`` event does."""
         seen: dict[Key, str] = {}
+        last: dict[Key, dict[str, Any]] = {}
         while True:
             self._check()
             now = {key: self._version(key) for key in list(self.claims)}
             for key, version in now.items():
                 if seen.get(key) != version:
-                    yield ("MODIFIED" if key in seen else "ADDED"), claim_allocation(self.claim_body(*key))
-            for namespace, name in seen.keys() - now.keys():
-                yield "DELETED", ClaimAllocation("", (), namespace=namespace, name=name)
+                    last[key] = self.claim_body(*key)
+                    yield ("MODIFIED" if key in seen else "ADDED"), claim_allocation(last[key])
+            for key in seen.keys() - now.keys():
+                yield "DELETED", claim_allocation(last.pop(key))
             seen = now
             await asyncio.sleep(CLAIM_POLL)
 
@@ -121,6 +129,7 @@ class ClaimStatuses(abc.ABC):
             "apiVersion": SLICE_API_VERSION,
             "kind": "ResourceClaim",
             "metadata": metadata,
+            "spec": dict(self.specs.get(allocation.uid) or spec_of(allocation)),
             "status": status,
         }
 
@@ -165,3 +174,26 @@ def published(
         if body["spec"]["driver"] == driver
         for device in body["spec"].get("devices", ())
     }
+
+
+def spec_of(allocation: ClaimAllocation) -> dict[str, Any]:
+    """A ``spec`` its allocation answers (the API server never shows a claim without one): per
+    request, as many devices of the class named after their driver as it was allocated, and its
+    opaque configs."""
+    counts: dict[tuple[str, str], int] = {}
+    admin: set[str] = set()
+    for device in allocation.devices:
+        counts[(device.request, device.driver)] = counts.get((device.request, device.driver), 0) + 1
+        if device.admin_access:
+            admin.add(device.request)
+    requests = [
+        body
+        for (request, driver), count in counts.items()
+        for body in claim_spec(driver, count, request, admin_access=request in admin)["devices"]["requests"]
+    ]
+    configs = [
+        {"opaque": {"driver": c.driver, "parameters": dict(c.parameters)}}
+        | ({"requests": list(c.requests)} if c.requests else {})
+        for c in allocation.configs
+    ]
+    return {"devices": {"requests": requests} | ({"config": configs} if configs else {})}

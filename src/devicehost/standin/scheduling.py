@@ -25,6 +25,7 @@ class Scheduling:
     """DeviceClasses, DeviceTaintRules and claims allocated from the ``stored`` slices."""
 
     claims: dict[tuple[str, str], ClaimAllocation]
+    specs: dict[str, Mapping[str, Any]]
     stored: dict[str, dict[str, Any]]
 
     @functools.cached_property
@@ -114,9 +115,10 @@ class Scheduling:
             node=node,
         )
         refs = []
-        for (name, _), allocation in zip(named, allocations, strict=True):
+        for (name, spec), allocation in zip(named, allocations, strict=True):
             uid = str(uuid.uuid4())
             name = name or f"claim-{uid[:8]}"
+            self.specs[uid] = spec
             self.claims[(namespace, name)] = ClaimAllocation(uid, allocation.devices, allocation.configs)
             refs.append((namespace, uid, name))
         return refs
