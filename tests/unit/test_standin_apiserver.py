@@ -148,7 +148,9 @@ def test_every_claim_shows_a_spec_whose_requests_its_results_name() -> None:
     assert bodies[0]["spec"] == claim_spec(DRIVER, 2, "gpus/big", {"mode": "x"})
     assert bodies[1]["spec"] == {
         "devices": {
-            "requests": [{"name": "a", "exactly": {"deviceClassName": DRIVER, "count": 1, "adminAccess": True}}],
+            "requests": [
+                {"name": "a", "exactly": {"deviceClassName": DRIVER, "count": 1, "adminAccess": True}}
+            ],
             "config": [{"opaque": {"driver": DRIVER, "parameters": {"k": 1}}, "requests": ["a"]}],
         }
     }
