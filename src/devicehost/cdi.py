@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devicehost._files import write_atomically
+from devicehost import _files
 from devicehost.hookspecs.rules import cdi_name_problem
 from devicehost.hookspecs.types import ContainerAllocation, keyword_only
 
@@ -329,7 +329,7 @@ def write_spec(spec: Spec, cdi_dir: str | os.PathLike[str] | None = None) -> Pat
     if problem:
         raise ValueError(problem)
     path = spec_path(spec.kind, cdi_dir)
-    _write_atomically(path, json.dumps(spec.to_dict(), indent=2) + "\n")
+    _files.write_atomically(path, json.dumps(spec.to_dict(), indent=2) + "\n", SPEC_MODE)
     return path
 
 
@@ -341,23 +341,14 @@ def move_spec(kind: str, source: str | os.PathLike[str], target: str | os.PathLi
         text = old.read_text(encoding="utf-8")
     except FileNotFoundError:
         return False
-    _write_atomically(spec_path(kind, target), text)
+    _files.write_atomically(spec_path(kind, target), text, SPEC_MODE)
     remove_spec(kind, source)
     return True
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """``text`` as ``path`` (mode 0644), whole (:func:`devicehost._files.write_atomically`), and
-    the rename synced too."""
-    write_atomically(path, text, SPEC_MODE)
-    _fsync_directory(path.parent)
-
-
 def remove_spec(kind: str, cdi_dir: str | os.PathLike[str] | None = None) -> None:
     """Remove the spec of ``kind``; nothing happens when there is none."""
-    path = spec_path(kind, cdi_dir)
-    path.unlink(missing_ok=True)
-    _fsync_directory(path.parent)
+    _files.remove(spec_path(kind, cdi_dir))
 
 
 def defined_names(cdi_dir: str | os.PathLike[str] | None = None) -> dict[str, Path]:
@@ -383,15 +374,3 @@ def defined_names(cdi_dir: str | os.PathLike[str] | None = None) -> dict[str, Pa
             if isinstance(device, dict) and isinstance(device.get("name"), str):
                 names[f"{spec.get('kind')}={device['name']}"] = path
     return names
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename or unlink in ``directory`` survive a crash of the node."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

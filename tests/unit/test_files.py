@@ -1,13 +1,15 @@
-"""devicehost._files: a file is written whole or not at all."""
+"""devicehost._files: a file is written whole or not at all, and the write (or a removal) outlives
+a crash of the node: the file and its directory are synced."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
 import pytest
 
-from devicehost._files import write_atomically
+from devicehost._files import remove, write_atomically
 
 
 def test_the_file_is_replaced_whole_with_its_mode_and_its_stat_returned(tmp_path: Path) -> None:
@@ -29,3 +31,24 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path: P
         write_atomically(path, "half \ud800 written\n")
     assert path.read_text() == "kept\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json"]
+
+
+def test_the_rename_and_a_removal_are_synced_in_their_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    path = tmp_path / "claims.json"
+    write_atomically(path, "{}\n")
+    assert synced == ["file", "dir"]  # the data, then the rename
+    remove(path)
+    remove(path)  # none there: nothing to remove, still synced
+    assert (synced[2:], path.exists()) == (["dir", "dir"], False)
+    remove(tmp_path / "gone" / "x.json")  # no such dir: nothing happens
+    assert len(synced) == 4
