@@ -1,26 +1,35 @@
-"""A claim's devices as this host serves them, and the claim request a backend gets for them.
+"""A claim's devices as this host serves them, the claim request a backend gets for them, and
+their holds in their resources' inventories.
 
 Prepare, claim status and binding conditions share these: :func:`located` finds each allocated
 device in the pool that publishes it (one lookup), :func:`claim_request` makes the
 :class:`~devicehost.ClaimRequest` a hook gets for one resource and request (one builder). A
 request whose configuration the backend's model refuses fails the claim
-(:class:`ClaimRefused`): prepare answers the error, and no status is written for it.
+(:class:`ClaimRefused`): prepare answers the error, and no status is written for it. While a
+claim is prepared its devices are held through DRA (:func:`reserved`, then :func:`hold`), so the
+device plugin side of a resource served through both APIs cannot give them out.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import contextlib
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from devicehost.hookspecs.types import ClaimRequest, Device, Health, Share
 from devicehost.host.backends.backend import HookError
 from devicehost.host.dra import names
+from devicehost.host.dra.checkpoint import PreparedDevice
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
+from devicehost.host.inventory import DRA
 
 if TYPE_CHECKING:
     from devicehost.host.serving.resource import ResourceServer
+
+HOLDER = "claims"
+"""The holder of the prepared claims' devices in their resources' inventories."""
 
 
 class ClaimRefused(Exception):
@@ -78,12 +87,17 @@ def by_request(found: Iterable[Found]) -> dict[tuple[str, str], list[Found]]:
 
 
 class Request(NamedTuple):
-    """One allocate call of a claim: a resource, its devices of one request, and what the hook gets."""
+    """One allocate call of a claim: a resource, its devices of one request, what the hook gets,
+    the request's opaque parameters as the claim has them (None: none; kept in the checkpoint
+    to hand the restore hook after a restart) and its devices as the checkpoint keeps them
+    (without CDI IDs: those come from the hook's answer)."""
 
     resource: str
     attached: Attached
     found: Sequence[Found]
     asked: ClaimRequest
+    parameters: object
+    planned: tuple[PreparedDevice, ...]
 
 
 def requests_of(
@@ -100,9 +114,34 @@ def requests_of(
     """
     picked = pick(claim.devices_of(driver), resources, tainted)
     return [
-        Request(resource, resources[resource], found, claim_request(claim, driver, request, found))
+        Request(
+            resource,
+            resources[resource],
+            found,
+            claim_request(claim, driver, request, found),
+            None if (config := claim.config(driver, request)) is None else config.parameters,
+            tuple(planned(request, resource, found)),
+        )
         for (resource, request), found in picked.items()
     ]
+
+
+def planned(request: str, resource: str, found: Sequence[Found]) -> Iterator[PreparedDevice]:
+    """The request's devices as the checkpoint keeps them, before the hook gave their CDI IDs."""
+    for f in found:
+        allocated = f.allocated
+        consumed = dict(allocated.consumed) if allocated.share_id else {}
+        yield PreparedDevice(
+            request,
+            f.attached.pool,
+            allocated.device,
+            resource,
+            f.device.id,
+            (),
+            allocated.admin_access,
+            allocated.share_id,
+            consumed,
+        )
 
 
 def pick(
@@ -148,3 +187,35 @@ def claim_request(claim: ClaimAllocation, driver: str, request: str, found: Sequ
         any(f.allocated.admin_access for f in found),
         {f.device.id: share for f in found if (share := f.share) is not None},
     )
+
+
+def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
+    """Prepared claims hold ``ids`` through DRA in the resource's inventory (or no longer do):
+    the device plugin side masks them and what they would overdraw."""
+    server.table.hold(HOLDER, DRA, ids, holding)
+
+
+@contextlib.contextmanager
+def reserved(requests: Sequence[Request], uid: str) -> Iterator[None]:
+    """Hold the devices of ``requests`` of the claim ``uid`` through DRA while it is prepared (the
+    device plugin side cannot give them out meanwhile), and with the prepared claims (:func:`hold`)
+    once the block ends without an error; refused, naming why, when the device plugin side holds
+    one or they would overdraw a counter set with what both APIs hold."""
+    servers = {request.resource: request.attached.server for request in requests}
+    ids: dict[str, list[str]] = {}
+    for request in requests:
+        ids.setdefault(request.resource, []).extend(f.device.id for f in request.found)
+    for resource, wanted in ids.items():
+        problem = servers[resource].table.view().refusal(DRA, wanted)
+        if problem:
+            raise ClaimRefused(f"{resource}: {problem}")
+    holder = f"claim {uid}"
+    for resource, wanted in ids.items():
+        servers[resource].table.hold(holder, DRA, wanted)
+    try:
+        yield
+        for resource, wanted in ids.items():
+            hold(servers[resource], wanted, True)
+    finally:
+        for resource, wanted in ids.items():
+            servers[resource].table.hold(holder, DRA, wanted, False)

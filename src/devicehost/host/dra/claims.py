@@ -14,6 +14,9 @@ picked until it is unprepared, a claim's devices are held through DRA in their r
 inventory (:mod:`devicehost.host.inventory`), so a resource served through both APIs never gives
 a device, or a counter's amount, out twice; a claim whose devices the device plugin side holds
 (or would overdraw a counter set with) is refused.
+
+Here is the order of the steps; :mod:`.allocated` finds and holds a claim's devices,
+:mod:`.hooks` calls the backend's hooks for them, and :mod:`.specs` writes the claim's spec.
 """
 
 from __future__ import annotations
@@ -22,31 +25,24 @@ import asyncio
 import contextlib
 import functools
 import itertools
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
-from devicehost import cdi
-from devicehost.hookspecs.types import ClaimRequest, ContainerAllocation, Share
-from devicehost.host.backends.backend import HookError
-from devicehost.host.dra import names, steps
-from devicehost.host.dra.allocated import Attached, ClaimRefused, Found, Request, requests_of
-from devicehost.host.dra.checkpoint import Checkpoint, Phase, PreparedClaim, PreparedDevice, by_resource
+from devicehost.host.dra import hooks, steps
+from devicehost.host.dra.allocated import Attached, ClaimRefused, hold, requests_of, reserved
+from devicehost.host.dra.checkpoint import Checkpoint, Phase, PreparedClaim
 from devicehost.host.dra.cluster import ClaimAllocation, Cluster, ClusterError
 from devicehost.host.dra.servicer import ClaimRef
 from devicehost.host.dra.specs import ClaimSpecs
-from devicehost.host.inventory import DRA
 
 if TYPE_CHECKING:
     from devicehost.host.context import HostContext
-    from devicehost.host.serving.resource import ResourceServer
 
 log = structlog.get_logger(__name__)
 
-HOLDER = "claims"
-"""The holder of the prepared claims' devices in their resources' inventories."""
 READS = 16
 """ResourceClaims read from the API server at once for one driver."""
 READ_TIMEOUT = 10.0
@@ -89,80 +85,32 @@ class ClaimSteps:
         return claim
 
     async def _prepare(self, read: ClaimAllocation) -> PreparedClaim:
+        """Prepare the claim ``read``: its devices found and reserved, the claim recorded
+        ``preparing``, the allocate hooks called, its CDI spec written, and the claim recorded
+        ``prepared`` (its devices then held with the prepared claims)."""
         namespace, uid, name = read.namespace, read.uid, read.name
-        asked = requests_of(read, self.driver, self.resources, self.tainted)
-        configs = {r.asked.name: parameters(self.driver, read, r.asked.name) for r in asked}
-        planned = [
-            d for r in asked for d in prepared_devices(r.asked.name, r.attached.pool, r.resource, r.found, ())
-        ]
-        with reserved(self.resources, asked, uid):
-            self.checkpoint.add(
-                PreparedClaim(uid, namespace, name, tuple(planned), Phase.PREPARING, None, configs)
-            )
+        requests = requests_of(read, self.driver, self.resources, self.tainted)
+        configs = {r.asked.name: r.parameters for r in requests}
+        planned = tuple(d for r in requests for d in r.planned)
+        with reserved(requests, uid):
+            self.checkpoint.add(PreparedClaim(uid, namespace, name, planned, Phase.PREPARING, None, configs))
             self.checkpoint.flush()
             steps.reached(steps.PREPARE_RECORDED)
             try:
-                claim = await self._allocate_and_write(read, asked, configs)
+                async with hooks.allocated(requests, self.checkpoint, self.resources, self.log) as given:
+                    steps.reached(steps.PREPARE_ALLOCATED)
+                    devices, spec = self.specs.written(uid, requests, given)
+                    steps.reached(steps.PREPARE_SPEC_WRITTEN)
             except ClaimRefused:
                 self.checkpoint.remove(uid)
                 raise
+            claim = PreparedClaim(uid, namespace, name, devices, Phase.PREPARED, spec, configs)
             self.checkpoint.add(claim)
-            for resource, ids in claim.by_resource().items():
-                hold(self.resources[resource].server, ids, True)
         self.prepared += 1
         self.log.info(
-            "claim prepared",
-            claim=f"{namespace}/{name}",
-            uid=uid,
-            devices=[d.device_id for d in claim.devices],
+            "claim prepared", claim=f"{namespace}/{name}", uid=uid, devices=[d.device_id for d in devices]
         )
         return claim
-
-    async def _allocate_and_write(
-        self, read: ClaimAllocation, requests: Sequence[Request], configs: Mapping[str, Any]
-    ) -> PreparedClaim:
-        """The allocate hooks' answers as the claim's devices, and its CDI spec written."""
-        named = (f"{read.namespace}/{read.name}", read.uid)
-        kind = self.specs.kind(read.uid)
-        devices, spec_devices = await self._allocate(kind, requests)
-        steps.reached(steps.PREPARE_ALLOCATED)
-        spec = cdi.Spec(kind=kind, devices=spec_devices) if spec_devices else None
-        if spec is not None:
-            try:
-                self.specs.write(read.uid, spec_devices)
-            except (OSError, ValueError) as exc:
-                await self._release(devices, "its CDI spec could not be written", named)
-                raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
-        steps.reached(steps.PREPARE_SPEC_WRITTEN)
-        spec_json = spec.to_dict() if spec else None
-        return PreparedClaim(
-            read.uid, read.namespace, read.name, tuple(devices), Phase.PREPARED, spec_json, configs
-        )
-
-    async def _allocate(
-        self, kind: str, requests: Sequence[Request]
-    ) -> tuple[list[PreparedDevice], list[cdi.Device]]:
-        """One allocate call per resource and request; what is allocated is released again if a
-        later call fails. Each request's first device carries the CDI IDs its containers get."""
-        devices: list[PreparedDevice] = []
-        spec_devices: list[cdi.Device] = []
-        for resource, attached, chosen, asked in requests:
-            ids = tuple(p.device.id for p in chosen)
-            try:
-                given = await attached.server.backend.allocate(resource, ids, asked)
-            except HookError as exc:
-                await self._release(
-                    devices, "a later allocation of the claim failed", (asked.claim, asked.uid)
-                )
-                raise ClaimRefused(str(exc)) from None
-            spec_device, cdi_ids = cdi_answer(kind, asked.name, resource, given)
-            spec_devices.extend([spec_device] if spec_device else [])
-            devices.extend(prepared_devices(asked.name, attached.pool, resource, chosen, cdi_ids))
-        return devices, spec_devices
-
-    async def _release(self, devices: Collection[PreparedDevice], why: str, claim: tuple[str, str]) -> None:
-        """Give back what a failed prepare of ``claim`` allocated (failures logged)."""
-        await release_free(self.checkpoint, self.resources, devices, why, claim, self.log)
 
     async def undo(self, claim: PreparedClaim, why: str) -> None:
         """Unprepare ``claim`` whatever its phase: recorded ``unpreparing`` first, then its
@@ -175,7 +123,9 @@ class ClaimSteps:
                 self.checkpoint.add(replace(claim, phase=Phase.UNPREPARING))
                 self.checkpoint.flush()
             steps.reached(steps.UNPREPARE_RECORDED)
-            await release_free(self.checkpoint, self.resources, claim.devices, why, named, self.log, but=uid)
+            await hooks.release_free(
+                self.checkpoint, self.resources, claim.devices, why, named, self.log, but=uid
+            )
             self.checkpoint.add(replace(claim, phase=Phase.RELEASED))
             self.checkpoint.flush()
             steps.reached(steps.UNPREPARE_RELEASED)
@@ -314,99 +264,6 @@ class Claims(ClaimSteps):
         self.log.info("claim unprepared", claim=f"{claim.namespace}/{claim.name}", uid=uid)
 
 
-def parameters(driver: str, allocation: ClaimAllocation, request: str) -> object:
-    """The request's opaque parameters for ``driver`` as the claim has them (None: none), kept in
-    the checkpoint to check again and hand to the restore hook after a restart."""
-    config = allocation.config(driver, request)
-    return None if config is None else config.parameters
-
-
-def prepared_devices(
-    request: str, pool: str, resource: str, chosen: Sequence[Found], cdi_ids: tuple[str, ...]
-) -> list[PreparedDevice]:
-    """The request's devices as the checkpoint keeps them; the first carries the CDI IDs."""
-    cdi_ids = tuple(dict.fromkeys(cdi_ids))  # each ID once, however the backend repeated it
-    return [
-        PreparedDevice(
-            request,
-            pool,
-            p.allocated.device,
-            resource,
-            p.device.id,
-            cdi_ids if n == 0 else (),
-            p.allocated.admin_access,
-            p.allocated.share_id,
-            dict(p.allocated.consumed) if p.allocated.share_id else {},
-        )
-        for n, p in enumerate(chosen)
-    ]
-
-
-def cdi_answer(
-    kind: str, request: str, resource: str, given: ContainerAllocation
-) -> tuple[cdi.Device | None, tuple[str, ...]]:
-    """The CDI device of the claim's spec that ``given``'s edits become (None: no edits), and the
-    CDI IDs the request's containers get: the backend's own, then that device."""
-    _say_annotations_dropped(given)
-    edits = cdi.edits_from_allocation(given)
-    if not edits.to_dict():
-        return None, tuple(given.cdi_devices)
-    name = names.cdi_device_name(request, resource)
-    return cdi.Device(name=name, edits=edits), (*given.cdi_devices, f"{kind}={name}")
-
-
-async def release_free(
-    checkpoint: Checkpoint,
-    resources: Mapping[str, Attached],
-    devices: Collection[PreparedDevice],
-    why: str,
-    claim: tuple[str, str],
-    log: structlog.typing.FilteringBoundLogger,
-    *,
-    but: str = "",
-) -> None:
-    """Call the release hook for ``devices`` of ``claim`` (its name and UID) that no other claim
-    in the checkpoint holds, and for every share among them (a share is the claim's own).
-
-    Used when a failed prepare gives back what it allocated (failures are logged: the claim
-    fails anyway) and when the claim ``but`` is unprepared (failures raised: the kubelet asks again).
-    """
-    uid = claim[1]
-    calls = release_calls(devices, lambda key: checkpoint.holds(key, but=uid), claim)
-    for resource, ids, shares in calls:
-        attached = resources.get(resource)
-        if attached is None:
-            raise ClaimRefused(f"{resource} is not served right now; asked again later")
-        try:
-            await attached.server.backend.release(resource, ids, shares)
-        except HookError as exc:
-            if but:
-                raise ClaimRefused(str(exc)) from None
-            log.error("release after a failed prepare failed", resource=resource, error=str(exc))
-    if calls and not but:
-        log.warning("allocated devices released again", why=why, devices={r: ids for r, ids, _ in calls})
-
-
-def release_calls(
-    devices: Collection[PreparedDevice], held: Callable[[tuple[str, str]], bool], claim: tuple[str, str]
-) -> list[tuple[str, tuple[str, ...], ClaimRequest | None]]:
-    """The release hook's calls for ``devices``: one per resource for the whole devices no other
-    claim holds (``held``), then one per resource and request for the shares, with their claim request."""
-    whole = by_resource(d for d in devices if not d.share and not held((d.resource, d.device_id)))
-    calls: list[tuple[str, tuple[str, ...], ClaimRequest | None]] = [
-        (resource, ids, None) for resource, ids in whole.items()
-    ]
-    by_request: dict[tuple[str, str], list[PreparedDevice]] = {}
-    for device in devices:
-        if device.share:
-            by_request.setdefault((device.resource, device.request), []).append(device)
-    for (resource, request), shared in by_request.items():
-        shares = {d.device_id: Share(d.share, d.consumed) for d in shared}
-        asked = ClaimRequest(request, claim[0], claim[1], admin_access=shared[0].admin_access, shares=shares)
-        calls.append((resource, tuple(shares), asked))
-    return calls
-
-
 @contextlib.asynccontextmanager
 async def owned(
     lock: asyncio.Lock, checkpoint: Checkpoint, resources: Mapping[str, Attached]
@@ -429,35 +286,6 @@ def by_resource_ids(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     for resource, device_id in sorted(pairs):
         grouped.setdefault(resource, []).append(device_id)
     return grouped
-
-
-def hold(server: ResourceServer, ids: Collection[str], holding: bool) -> None:
-    """Prepared claims hold ``ids`` through DRA in the resource's inventory (or no longer do):
-    the device plugin side masks them and what they would overdraw."""
-    server.table.hold(HOLDER, DRA, ids, holding)
-
-
-@contextlib.contextmanager
-def reserved(resources: Mapping[str, Attached], requests: Sequence[Request], uid: str) -> Iterator[None]:
-    """Hold the devices of ``requests`` of the claim ``uid`` through DRA while it is prepared (the
-    device plugin side cannot give them out meanwhile); refused, naming why, when the device plugin
-    side holds one or they would overdraw a counter set with what both APIs hold."""
-    ids: dict[str, list[str]] = {}
-    for request in requests:
-        ids.setdefault(request.resource, []).extend(f.device.id for f in request.found)
-    tables = {resource: resources[resource].server.table for resource in ids}
-    for resource, wanted in ids.items():
-        problem = tables[resource].view().refusal(DRA, wanted)
-        if problem:
-            raise ClaimRefused(f"{resource}: {problem}")
-    holder = f"claim {uid}"
-    for resource, wanted in ids.items():
-        tables[resource].hold(holder, DRA, wanted)
-    try:
-        yield
-    finally:
-        for resource, wanted in ids.items():
-            tables[resource].hold(holder, DRA, wanted, False)
 
 
 async def read_bounded(
@@ -494,11 +322,3 @@ def refusal(read: BaseException, claim: str) -> ClaimRefused:
     if isinstance(read, ClaimRefused):
         return read
     return ClaimRefused(f"reading ResourceClaim {claim}: {read!r}")
-
-
-def _say_annotations_dropped(allocation: ContainerAllocation) -> None:
-    """Annotations have no CDI edit and no place in the DRA answer: they are not passed on."""
-    if allocation.annotations:
-        log.debug(
-            "allocation annotations are not passed on through DRA", annotations=list(allocation.annotations)
-        )

@@ -30,10 +30,10 @@ import structlog
 
 from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
-from devicehost.host.dra.allocated import Attached
+from devicehost.host.dra.allocated import Attached, hold
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
-from devicehost.host.dra.claims import Claims, hold
+from devicehost.host.dra.claims import Claims
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthLists, add_health_services
 from devicehost.host.dra.metadata import HOST_DIR, DeviceMetadata

@@ -12,15 +12,18 @@ or differs (:meth:`ClaimSpecs.ensure`) before the kubelet is told the claim is p
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from devicehost import cdi
+from devicehost.hookspecs.types import ContainerAllocation
 from devicehost.host.dra import names
-from devicehost.host.dra.checkpoint import PreparedClaim
+from devicehost.host.dra.allocated import ClaimRefused, Request
+from devicehost.host.dra.checkpoint import PreparedClaim, PreparedDevice
 
 if TYPE_CHECKING:
     from devicehost.host.context import HostContext
@@ -46,9 +49,39 @@ class ClaimSpecs:
     def kind(self, uid: str) -> str:
         return names.cdi_kind(self._driver, uid)
 
-    def write(self, uid: str, devices: list[cdi.Device]) -> None:
-        """Write the claim's spec. :raises OSError, ValueError: it could not be written."""
-        cdi.write_spec(cdi.Spec(kind=self.kind(uid), devices=devices), self.directory)
+    def written(
+        self, uid: str, requests: Sequence[Request], given: Sequence[ContainerAllocation]
+    ) -> tuple[tuple[PreparedDevice, ...], dict[str, Any] | None]:
+        """The claim's devices, the first of each request carrying the CDI IDs its containers get
+        (the backend's own, then the device of the claim's spec that the hook's edits became),
+        and that spec as written (None: no request has edits, and no spec is written).
+
+        :raises ClaimRefused: the spec could not be written.
+        """
+        for allocation in given:
+            if allocation.annotations:  # no CDI edit and no place in the DRA answer
+                self._log.debug(
+                    "allocation annotations are not passed on through DRA",
+                    annotations=list(allocation.annotations),
+                )
+        kind = self.kind(uid)
+        device_names = [names.cdi_device_name(r.asked.name, r.resource) for r in requests]
+        edits = [cdi.edits_from_allocation(allocation) for allocation in given]
+        spec_devices = [cdi.Device(n, e) for n, e in zip(device_names, edits, strict=True) if e.to_dict()]
+        devices: list[PreparedDevice] = []
+        for request, allocation, name, edit in zip(requests, given, device_names, edits, strict=True):
+            ids = (*allocation.cdi_devices, f"{kind}={name}") if edit.to_dict() else allocation.cdi_devices
+            first = replace(request.planned[0], cdi_ids=tuple(dict.fromkeys(ids)))  # each ID once
+            devices.extend((first, *request.planned[1:]))
+        if not spec_devices:
+            return tuple(devices), None
+        spec = cdi.Spec(kind=kind, devices=spec_devices)
+        try:
+            written = spec.to_dict()
+            cdi.write_spec(spec, self.directory)
+        except (OSError, ValueError) as exc:
+            raise ClaimRefused(f"CDI spec for the claim: {exc}") from None
+        return tuple(devices), written
 
     def ensure(self, claim: PreparedClaim) -> bool:
         """Write the claim's spec, as the checkpoint keeps it, again where it is missing or
