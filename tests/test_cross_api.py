@@ -30,6 +30,7 @@ from waiting import eventually
 from devicehost import Health
 from devicehost.host import release
 from devicehost.host.daemon import Host
+from devicehost.host.dra.allocated import HOLDER
 from devicehost.host.inventory import amounts, consumed, overdrawn
 from devicehost.host.ops.status import document
 from devicehost.standin import AdmissionError, DraCallError, KubeletStandIn
@@ -217,21 +218,43 @@ async def test_a_partition_the_device_plugin_api_holds_takes_the_card_off_the_sl
         await eventually(lambda: PARTS[2] in rig.published(), "the partition published again", within=5)
 
 
+async def test_a_card_the_scheduler_allocated_to_a_claim_is_masked_before_the_claim_is_prepared() -> None:
+    async with both() as rig:
+        ref = rig.cluster.allocate(DRIVER, devices=[FULL])  # allocated; the kubelet has not prepared it
+        await within_a_second(lambda: rig.unhealthy() == {FULL, *PARTS}, "the card and its partitions masked")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await rig.kubelet.allocate_ids(RESOURCE, [PARTS[0]])
+        assert refused.value.details() == (
+            f"{RESOURCE}: 'gpu-0-partition-0' would overdraw counter 'compute' of counter set "
+            "'gpu-0-counters' with what both APIs hold (125 of 100)"
+        )
+        assert await rig.prepare_claim(ref) == ""  # its own allocation does not stand in its way
+        await rig.kubelet.dra.unprepare(DRIVER, [ref])
+        assert rig.unhealthy() == {FULL, *PARTS}  # still allocated: the scheduler has not given it back
+        del rig.cluster.claims[(ref[0], ref[2])]  # the claim deleted (its pod ended)
+        await within_a_second(lambda: rig.unhealthy() == set(), "the card and its partitions free again")
+        await rig.kubelet.allocate_ids(RESOURCE, [PARTS[0]])  # given out now
+
+
 async def test_a_claim_the_scheduler_gave_the_card_before_the_device_plugin_took_a_partition_is_refused() -> (
     None
 ):
     async with both() as rig:
-        ref = rig.cluster.allocate(DRIVER, devices=[FULL])  # allocated, not yet prepared
+        rig.cluster.down = "503 ServiceUnavailable"  # the host's claim watch breaks, sees nothing
+        await asyncio.sleep(0.2)
+        ref = rig.cluster.allocate(DRIVER, devices=[FULL])  # allocated, not seen by the host yet
         await rig.kubelet.allocate(RESOURCE, device_ids=[PARTS[0]], pod="p")
+        rig.cluster.down = None
         error = await rig.prepare_claim(ref)
         assert error.endswith(
             f"{RESOURCE}: 'gpu-0-full' would overdraw counter 'compute' of counter set "
             "'gpu-0-counters' with what both APIs hold (125 of 100)"
         ), error
-        await eventually(
-            lambda: rig.unhealthy() == {FULL}, "only the card masked: the refused claim holds nothing"
-        )
-        assert rig.host.resources[RESOURCE].table.inventory.held("dra") == frozenset()
+        assert rig.host.resources[RESOURCE].table.inventory.of(HOLDER) == frozenset()  # none prepared
+        rig.kubelet.release_pod("p")
+        inventory = rig.host.resources[RESOURCE].table.inventory
+        await eventually(lambda: not inventory.held("device-plugin"), "the container let go of the partition")
+        assert await rig.prepare_claim(ref) == ""  # the kubelet's retry, once the container let go
 
 
 async def test_the_kubelet_is_sent_nothing_new_when_its_own_allocation_changes_only_the_slices() -> None:
@@ -300,6 +323,7 @@ async def drive(rig: Rig, steps: list[tuple[str, int]]) -> None:
     event(f"{len(pods)} pods and {len(claims)} claims held at the end")
     for ref in claims:
         await rig.kubelet.dra.unprepare(rig.driver, [ref])
+        del rig.cluster.claims[(ref[0], ref[2])]  # and deleted: the scheduler gives its devices back
     for pod in pods:
         rig.kubelet.release_pod(pod)
     total = len(rig.host.resources[rig.resource].table.devices)

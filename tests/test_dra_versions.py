@@ -143,6 +143,7 @@ async def test_a_claim_and_its_device_health_at_each_version(base: Path, version
                     )
                 )
             await kubelet.dra.unprepare(DRIVER, [claim])
+            del cluster.claims[(claim[0], claim[2])]  # its pod ended: the claim goes, and its hold
             await kubelet.wait_for_resource(RESOURCE, healthy=4)
             metrics = HostMetrics()
             metrics.watch(host.snapshot)

@@ -31,6 +31,7 @@ import structlog
 from devicehost.hookspecs.types import Health
 from devicehost.host.dra import names
 from devicehost.host.dra.allocated import Attached, hold
+from devicehost.host.dra.allocations import AllocationWatch
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Claims
@@ -139,6 +140,7 @@ class DraDriver:
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
         self.binding = BindingWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
+        self.allocations = AllocationWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
         self._tainting: asyncio.Future[bool] | None = None
         self.stats = DriverStats()
 
@@ -163,6 +165,7 @@ class DraDriver:
             raise
         self._publishing = asyncio.create_task(self.publisher.run(), name=f"publish {self.name}")
         self.binding.start()
+        self.allocations.start()
         self.log.info(
             "serving DRA", socket=str(self._dra_socket.path), registration=str(self._registration_socket.path)
         )
@@ -184,6 +187,7 @@ class DraDriver:
             self._publishing.cancel()
             await asyncio.gather(self._publishing, return_exceptions=True)
         await self.binding.stop()
+        await self.allocations.stop()
         for name in list(self.resources):
             self.detach(name)
         others = other_instances(self._registration_socket.path)
@@ -207,6 +211,7 @@ class DraDriver:
         slice_name = names.slice_name(self._setup.node, self.name, server.name)
         follow = asyncio.create_task(self._follow(server, pool), name=f"dra {server.name}")
         self.resources[server.name] = Attached(server, pool, slice_name, follow)
+        self.allocations.refresh()  # claims allocated its devices before it was attached
         taken = [i for resource, i in self.claims.checkpoint.held() if resource == server.name]
         hold(server, taken, True)  # prepared before a restart too
         await restore_resource(self.claims, server.name)

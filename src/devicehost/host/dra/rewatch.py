@@ -1,7 +1,7 @@
 """Following an API server watch for ever: the one loop that starts it again with backoff.
 
-The ResourceSlice deletions the publisher follows and the ResourceClaims the binding watch
-follows both go through :func:`rewatch`: a watch that breaks, or ends sooner than
+The ResourceSlice deletions the publisher follows and the ResourceClaims the binding and
+allocation watches follow all go through :func:`rewatch`: a watch that breaks, or ends sooner than
 :data:`WATCH_MIN_LIFE`, is started again after the project's :class:`Backoff` delay, never in a
 spin; the failure is said once per kind of problem (:func:`problem_kind`), the recovery once.
 """
