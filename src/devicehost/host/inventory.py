@@ -89,7 +89,8 @@ class Inventory:
     A holder is whatever gives devices out as one: ``pods`` (the device plugin side's holds as the
     kubelet's pod-resources API lists them), ``allocated`` (Allocate answered, not listed yet),
     ``release`` (a device plugin release hook running), ``claims`` (devices of prepared DRA
-    claims), ``claim <uid>`` (a claim being prepared).
+    claims), ``claim <uid>`` (a claim being prepared), ``allocation <namespace>/<name>`` (a claim
+    the scheduler allocated, while a resource is served ``both``).
     """
 
     def __init__(self) -> None:
