@@ -31,7 +31,7 @@ from devicehost import Health
 from devicehost.host import release
 from devicehost.host.daemon import Host
 from devicehost.host.dra.allocated import HOLDER
-from devicehost.host.inventory import amounts, consumed, overdrawn
+from devicehost.host.inventory import DEVICE_PLUGIN, PODS, amounts, consumed, overdrawn
 from devicehost.host.ops.status import document
 from devicehost.standin import AdmissionError, DraCallError, KubeletStandIn
 from devicehost.standin.allocator import CANNOT_ALLOCATE
@@ -250,10 +250,11 @@ async def test_a_claim_the_scheduler_gave_the_card_before_the_device_plugin_took
             f"{RESOURCE}: 'gpu-0-full' would overdraw counter 'compute' of counter set "
             "'gpu-0-counters' with what both APIs hold (125 of 100)"
         ), error
-        assert rig.host.resources[RESOURCE].table.inventory.of(HOLDER) == frozenset()  # none prepared
-        rig.kubelet.release_pod("p")
         inventory = rig.host.resources[RESOURCE].table.inventory
-        await eventually(lambda: not inventory.held("device-plugin"), "the container let go of the partition")
+        assert inventory.of(HOLDER) == frozenset()  # none prepared
+        await eventually(lambda: PARTS[0] in inventory.of(PODS), "pod-resources lists the container")
+        rig.kubelet.release_pod("p")
+        await eventually(lambda: not inventory.held(DEVICE_PLUGIN), "the container let go of the partition")
         assert await rig.prepare_claim(ref) == ""  # the kubelet's retry, once the container let go
 
 
