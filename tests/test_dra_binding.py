@@ -331,8 +331,8 @@ async def test_a_refused_claim_watch_is_retried_with_backoff_and_said_once(root:
             await cluster.wait(lambda c: condition(c, ref, "n0") is not None, timeout=10)
     events = [entry["event"] for entry in logs]
     assert cluster.watches == 3  # two refused, then one that works: no spin
-    assert events.count("watching ResourceClaims for binding conditions failed, retrying with backoff") == 1
-    assert events.count("watching ResourceClaims for binding conditions again") == 1
+    assert events.count("watching ResourceClaims failed, retrying with backoff") == 1
+    assert events.count("watching ResourceClaims again") == 1
 
 
 class SharedNics(Nics):

@@ -10,10 +10,10 @@ from contextlib import asynccontextmanager
 
 import structlog
 from drafakes import CountingCluster, Recorder, attached, fake_server, widgets
-from structlog.testing import capture_logs
 
 from devicehost.host.dra.allocated import Attached
 from devicehost.host.dra.allocations import AllocationWatch
+from devicehost.host.dra.claimwatch import ClaimWatch
 from devicehost.host.dra.cluster import AllocatedDevice, ClaimAllocation
 from devicehost.host.inventory import DEVICE_PLUGIN, DRA
 from devicehost.host.serving.table import DeviceTable
@@ -21,8 +21,6 @@ from devicehost.host.serving.table import DeviceTable
 DRIVER = "example.com"
 WIDGET = "example.com/widget"
 POOL = "node-a/widget"
-WATCHING = "watching ResourceClaims: a resource is served through both APIs"
-"""The line docs/dra.md names."""
 
 
 async def never(seen: int) -> int:
@@ -55,11 +53,13 @@ async def watching(cluster: CountingCluster, device_plugin: bool = True) -> Asyn
     with fake_server(Recorder(), widgets(4)) as server:
         server.device_plugin = device_plugin
         resources: dict[str, Attached] = {WIDGET: attached(server, POOL)}
-        watch = AllocationWatch(DRIVER, cluster, resources, never, structlog.get_logger("test"))
-        watch.start()
+        watch = AllocationWatch(DRIVER, cluster, resources, structlog.get_logger("test"))
+        claims = ClaimWatch(cluster, {"allocations": watch}, never, structlog.get_logger("test"))
+        claims.start()
         try:
             yield Rig(watch, resources, server.table)
         finally:
+            await claims.stop()
             await watch.stop()
 
 
@@ -70,9 +70,6 @@ def allocate(cluster: CountingCluster, name: str, *devices: str, pool: str = POO
 
 async def test_an_allocated_claim_masks_its_devices_until_it_is_deallocated_or_deleted() -> None:
     cluster = CountingCluster()
-    with capture_logs() as logs:
-        async with watching(cluster) as rig:
-            await eventually(lambda: any(e["event"] == WATCHING for e in logs))
     async with watching(cluster) as rig:
         allocate(cluster, "a", "w0", "w1")
         allocate(cluster, "other-pool", "w2", pool="node-b/widget")  # another node's: not ours
@@ -108,12 +105,15 @@ async def test_a_claim_deleted_while_the_watch_was_broken_is_let_go() -> None:
 
 async def test_nothing_is_held_while_no_resource_is_served_through_both_apis() -> None:
     cluster = CountingCluster()
-    with capture_logs() as logs:
-        async with watching(cluster, device_plugin=False) as rig:
-            allocate(cluster, "a", "w0")
-            await asyncio.sleep(0.2)
-            assert (rig.watch.claims, rig.table.inventory.held(DRA)) == ({}, frozenset())
-    assert WATCHING not in [e["event"] for e in logs]
+    async with watching(cluster, device_plugin=False) as rig:
+        allocate(cluster, "a", "w0")
+        await asyncio.sleep(0.2)
+        assert (rig.watch.claims, rig.table.inventory.held(DRA)) == ({}, frozenset())
+    with fake_server(Recorder(), widgets(1)) as dra_only:  # and what it sees is not held
+        dra_only.device_plugin = False
+        watch = AllocationWatch(DRIVER, cluster, {WIDGET: attached(dra_only, POOL)}, structlog.get_logger())
+        watch.seen(("ADDED", await cluster.claim("default", "a")))
+        assert (watch.claims, dra_only.table.inventory.held(DRA)) == ({}, frozenset())
 
 
 async def test_a_resource_attached_later_holds_what_claims_were_allocated_of_it() -> None:

@@ -14,6 +14,7 @@ from waiting import eventually
 import devicehost
 from devicehost import ClaimRequest, ContainerAllocation, Device, DeviceCondition, DeviceStatus
 from devicehost.host.dra.binding import BindingWatch
+from devicehost.host.dra.claimwatch import ClaimWatch
 from devicehost.standin.apiserver import ApiServerStandIn
 
 DRIVER = "example.org"
@@ -60,10 +61,11 @@ async def test_a_claim_awaiting_conditions_is_followed_until_they_hold() -> None
     await publish(api, "n0", "n1")
     plugin = AttachingNic()
     with fake_server(plugin, [Device("n0", binding_conditions=("Attached",)), Device("n1")], NIC) as server:
-        watch = BindingWatch(DRIVER, api, {NIC: attached(server, POOL)}, changed, structlog.get_logger())
+        watch = BindingWatch(DRIVER, api, {NIC: attached(server, POOL)}, structlog.get_logger())
+        claims = ClaimWatch(api, {"binding conditions": watch}, changed, structlog.get_logger())
         assert watch.wanted()
         namespace, _, name = api.allocate(DRIVER, devices=["n0"])
-        watch.start()
+        claims.start()
         await eventually(lambda: api.bindable(namespace, name), "the condition written True", within=10)
         await eventually(lambda: watch.settled == 1 and not watch.following, "the claim let go", within=10)
         (status,) = api.device_statuses(namespace, name)
@@ -71,6 +73,7 @@ async def test_a_claim_awaiting_conditions_is_followed_until_they_hold() -> None
             ("Attached", "True", "Attached")
         ]
         assert plugin.asked == 2
+        await claims.stop()
         await watch.stop()
 
 
@@ -80,10 +83,11 @@ async def test_a_deleted_claim_is_let_go_and_no_watch_starts_without_binding_con
     plugin = AttachingNic()
     plugin.asked = -100  # never attached
     with fake_server(plugin, [Device("n0", binding_conditions=("Attached",))], NIC) as server:
-        watch = BindingWatch(DRIVER, api, {NIC: attached(server, POOL)}, changed, structlog.get_logger())
+        watch = BindingWatch(DRIVER, api, {NIC: attached(server, POOL)}, structlog.get_logger())
+        claims = ClaimWatch(api, {"binding conditions": watch}, changed, structlog.get_logger())
         namespace, _, name = api.allocate(DRIVER)
         with structlog.testing.capture_logs() as logs:
-            watch.start()
+            claims.start()
             await eventually(lambda: (namespace, name) in watch.following, "the claim followed", within=10)
             del api.claims[(namespace, name)]
             await eventually(lambda: not watch.following, "the claim let go", within=10)
@@ -91,8 +95,9 @@ async def test_a_deleted_claim_is_let_go_and_no_watch_starts_without_binding_con
         said = [e["event"] for e in logs if "claim" in e]
         assert said == ["claim no longer awaits binding conditions"]  # no write failure said for it
         assert plugin.asked < 0  # never attached
+        await claims.stop()
         await watch.stop()
     with fake_server(AttachingNic(), [Device("n0")], NIC) as plain:
-        idle = BindingWatch(DRIVER, api, {NIC: attached(plain, POOL)}, changed, structlog.get_logger())
+        idle = BindingWatch(DRIVER, api, {NIC: attached(plain, POOL)}, structlog.get_logger())
         assert not idle.wanted()
         await asyncio.sleep(0)

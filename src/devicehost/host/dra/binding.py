@@ -3,18 +3,19 @@
 With ``DRADeviceBindingConditions`` the scheduler allocates a device that has binding conditions,
 then waits (its binding timeout, 10 minutes by default) for each of them to be True in the claim's
 ``status.devices`` before it binds the pod; a binding failure condition that turns True makes it
-give the device up. :class:`BindingWatch` watches every ResourceClaim; for each claim allocated
+give the device up. :class:`BindingWatch` sees every ResourceClaim; for each claim allocated
 one of this driver's devices whose conditions are awaited it asks the backend
 (``devicehost_device_status``, ``prepared=False``) and writes the answer, again every
-:data:`POLL` seconds until they are all True, a failure condition is, or the claim is gone. A
-watch that breaks is started again with backoff (:func:`.rewatch.rewatch`), said once per kind of problem until it works again.
+:data:`POLL` seconds until they are all True, a failure condition is, or the claim is gone. It
+follows the driver's one watch of every claim (:class:`~.claimwatch.ClaimWatch`), which it wants
+once a device has binding conditions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import structlog
@@ -23,8 +24,6 @@ from devicehost.host.backends.backend import HookError
 from devicehost.host.dra.allocated import ClaimRefused
 from devicehost.host.dra.claim_status import HOOK, after_prepare, awaiting, our_devices, reread, write_status
 from devicehost.host.dra.cluster import ClaimAllocation, ClusterError
-from devicehost.host.dra.rewatch import rewatch
-from devicehost.host.serving.registration import Backoff
 
 if TYPE_CHECKING:
     from devicehost.host.dra.allocated import Attached
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
 
 POLL = 1.0
 """Seconds between two questions to the backend about a claim whose conditions are awaited."""
-BACKOFF = (1.0, 30.0)
-"""Seconds before the watch is started again after its first failure in a row, and the most."""
 
 Key = tuple[str, str]
 
@@ -47,24 +44,16 @@ class BindingWatch:
         driver: str,
         cluster: Cluster,
         resources: Mapping[str, Attached],
-        changed: Callable[[int], Awaitable[int]],
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
         self._driver = driver
-        self._changed = changed
         self._cluster = cluster
         self._resources = resources
         self.log = log
         self.following: dict[Key, asyncio.Task[None]] = {}
         """The claims awaited now, by (namespace, name)."""
-        self._watching: asyncio.Task[None] | None = None
         self.settled = 0
         """Claims followed until they awaited nothing more (conditions True, failed, or gone)."""
-
-    def start(self) -> None:
-        """Start :meth:`run` (once: later calls do nothing)."""
-        if self._watching is None:
-            self._watching = asyncio.create_task(self.run(), name=f"binding {self._driver}")
 
     def wanted(self) -> bool:
         """Whether a resource of the driver has a device with binding conditions (and a backend
@@ -76,24 +65,15 @@ class BindingWatch:
             for d in a.server.table.devices
         )
 
-    async def run(self) -> None:
-        """Once a device has binding conditions, watch the claims for ever, the watch started again
-        with backoff when it breaks (no watch while none has: it would read every claim for nothing)."""
-        seen = -1
-        while not self.wanted():
-            seen = await self._changed(seen)
-        self.log.info("watching ResourceClaims: devices have binding conditions")
-        events = self._cluster.claim_events
-        await rewatch(
-            events, self._seen, "ResourceClaims for binding conditions", Backoff(*BACKOFF), self.log
-        )
-
     async def stop(self) -> None:
-        """Stop watching, and following every claim."""
-        tasks = [*self.following.values(), *([self._watching] if self._watching else [])]
+        """Stop following every claim."""
+        tasks = list(self.following.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def restarted(self) -> None:
+        """Nothing to do: a claim followed reads itself again, and one gone meanwhile settles."""
 
     async def after_prepare(
         self, answers: Mapping[str, PreparedClaim | str], reads: Mapping[str, ClaimAllocation | BaseException]
@@ -101,7 +81,8 @@ class BindingWatch:
         """Write the device status of the claims just prepared (see :func:`.claim_status.after_prepare`)."""
         await after_prepare(self._cluster, self._driver, self._resources, answers, reads, self.log)
 
-    def _seen(self, event: tuple[str, ClaimAllocation]) -> None:
+    def seen(self, event: tuple[str, ClaimAllocation]) -> None:
+        """Follow a claim that awaits conditions on this driver's devices; let a deleted one go."""
         kind, claim = event
         key = (claim.namespace, claim.name)
         if kind == "DELETED":

@@ -35,6 +35,7 @@ from devicehost.host.dra.allocations import AllocationWatch
 from devicehost.host.dra.binding import BindingWatch
 from devicehost.host.dra.checkpoint import Checkpoint, PreparedClaim
 from devicehost.host.dra.claims import Claims
+from devicehost.host.dra.claimwatch import ClaimWatch, Follower
 from devicehost.host.dra.cluster import Cluster, ClusterError
 from devicehost.host.dra.health import HEALTH_SERVICES, DeviceHealth, HealthLists, add_health_services
 from devicehost.host.dra.metadata import HOST_DIR, DeviceMetadata
@@ -139,8 +140,10 @@ class DraDriver:
         self._registration_socket = ServedSocket(name, setup.registry_dir, setup.token, setup.socket_mode)
         self._servers: list[grpc.aio.Server] = []
         self._publishing: asyncio.Task[None] | None = None
-        self.binding = BindingWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
-        self.allocations = AllocationWatch(name, setup.cluster, self.resources, self.changes.wait, self.log)
+        self.binding = BindingWatch(name, setup.cluster, self.resources, self.log)
+        self.allocations = AllocationWatch(name, setup.cluster, self.resources, self.log)
+        followers: dict[str, Follower] = {"binding conditions": self.binding, "allocations": self.allocations}
+        self.claim_watch = ClaimWatch(setup.cluster, followers, self.changes.wait, self.log)
         self._tainting: asyncio.Future[bool] | None = None
         self.stats = DriverStats()
 
@@ -164,8 +167,7 @@ class DraDriver:
             await self._stop_servers()
             raise
         self._publishing = asyncio.create_task(self.publisher.run(), name=f"publish {self.name}")
-        self.binding.start()
-        self.allocations.start()
+        self.claim_watch.start()
         self.log.info(
             "serving DRA", socket=str(self._dra_socket.path), registration=str(self._registration_socket.path)
         )
@@ -186,6 +188,7 @@ class DraDriver:
         if self._publishing is not None:  # first: only the withdrawal below deletes the slices
             self._publishing.cancel()
             await asyncio.gather(self._publishing, return_exceptions=True)
+        await self.claim_watch.stop()
         await self.binding.stop()
         await self.allocations.stop()
         for name in list(self.resources):
