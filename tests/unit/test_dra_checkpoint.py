@@ -16,6 +16,7 @@ from devicehost.host.dra.checkpoint import (
     Phase,
     PreparedClaim,
     PreparedDevice,
+    set_aside,
 )
 
 
@@ -185,8 +186,10 @@ async def _own_and_add(checkpoint: Checkpoint, uid: str, order: list[str]) -> No
 
 
 async def test_an_unreadable_file_under_the_lock_is_set_aside_and_written_again_said_once(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    seconds = iter(["20261127T120000", "20261127T120001"])  # set aside a second apart
+    monkeypatch.setattr(checkpoint_module.time, "strftime", lambda _: next(seconds))
     path = tmp_path / "claims.json"
     kept = Checkpoint(path)
     kept.add(claim("u1", device("w0")))
@@ -196,9 +199,10 @@ async def test_an_unreadable_file_under_the_lock_is_set_aside_and_written_again_
             async with kept.owned():
                 assert sorted(kept.claims) == ["u1"]
     said = [e for e in logs if e["event"].startswith("prepared claims checkpoint unreadable")]
-    assert len(said) == 1
+    assert len(said) == 1  # however many seconds apart the two were set aside
     assert str(path) in said[0]["problem"]
-    assert len(kept.set_aside) == 2
+    assert len(set(kept.set_aside)) == 2  # the second did not go over the first
+    assert [Path(p).read_text() for p in kept.set_aside] == ["{not json", "{not json"]
     again = Checkpoint(path)
     assert again.load() is None
     assert sorted(again.claims) == ["u1"]  # what this host had, written again
@@ -260,3 +264,20 @@ def test_who_holds_a_device_follows_adds_and_removes(tmp_path: Path) -> None:
     found.remove("a")
     assert not found.holds(key)
     assert found.held() == {("example.com/widget", "w1")}
+
+
+def test_unreadable_files_set_aside_in_one_second_each_keep_their_own_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint_module.time, "strftime", lambda _: "20261127T120000")
+    path = tmp_path / "claims.json"
+    names = []
+    for n in range(3):
+        path.write_text(f"torn {n}")
+        aside, said = set_aside(path)
+        assert aside is not None
+        assert said == f"; set aside as {aside.name}"
+        names.append(aside.name)
+    stamp = "claims.json.unreadable-20261127T120000"
+    assert names == [stamp, f"{stamp}-2", f"{stamp}-3"]
+    assert [(tmp_path / n).read_text() for n in names] == ["torn 0", "torn 1", "torn 2"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import time
@@ -177,6 +178,9 @@ class Checkpoint:
         self._batching = False
         self._dirty = False
         self._unreadable: str | None = None
+        """The reason last said that the file could not be read (each reason said once)."""
+        self._reason: str | None = None
+        """Why the file could not be read at the last :meth:`load` (None: it could)."""
         self._seen: tuple[int, int, int] | None = None
         """(inode, size, mtime) of the file as last read or written: unchanged, not read again."""
         self.set_aside: list[str] = []
@@ -210,7 +214,9 @@ class Checkpoint:
             self.claims = {}
             self._seen = None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            return f"{self.path}: unreadable ({type(exc).__name__}: {exc}){self._set_aside()}"
+            self._reason = f"{self.path}: unreadable ({type(exc).__name__}: {exc})"
+            return self._reason + self._set_aside()
+        self._reason = None
         return None
 
     def _set_aside(self) -> str:
@@ -268,11 +274,12 @@ class Checkpoint:
                 problem = self.load()
                 after = self.held()
                 self.moved = (after - before, before - after)
-                if problem and problem != self._unreadable:
+                # the same reason is said once, whatever name the file was set aside under
+                if problem and self._reason != self._unreadable:
                     log.error(
                         "prepared claims checkpoint unreadable, kept as this host had it", problem=problem
                     )
-                self._unreadable = problem
+                self._unreadable = self._reason
                 if problem:
                     self._dirty = True  # written again from what this host has
             with self.batch():
@@ -323,7 +330,12 @@ def set_aside(path: Path) -> tuple[Path | None, str]:
     it went, and the end of the line that says so."""
     if not path.is_file():
         return None, ""
-    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+    stamp = f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}"
+    aside = path.with_name(stamp)
+    for n in itertools.count(2):  # never over one set aside before (in the same second)
+        if not aside.exists():
+            break
+        aside = path.with_name(f"{stamp}-{n}")
     try:
         os.replace(path, aside)
     except OSError as exc:
