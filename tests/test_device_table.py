@@ -29,3 +29,14 @@ def test_patched_messages_equal_a_full_rebuild(data: st.DataObject, device_ids: 
         else:
             table.replace([d for d in table.devices if data.draw(st.booleans())] or list(table.devices))
         assert table.message() == wire.device_list(table.devices)
+
+
+def test_set_held_replaces_a_holders_devices_in_one_change() -> None:
+    table = DeviceTable([Device(f"w{n}") for n in range(3)])
+    table.set_held("allocation default/a", "dra", ["w0", "w1"])
+    version = table.version
+    table.set_held("allocation default/a", "dra", ["w1", "w2"])  # w0 let go, w2 taken: one signal
+    assert (table.version, table.inventory.of("allocation default/a")) == (version + 1, {"w1", "w2"})
+    table.set_held("allocation default/a", "dra", [])
+    assert table.inventory.held("dra") == frozenset()
+    assert {d.id for d in table.advertised() if d.health is Health.UNHEALTHY} == set()

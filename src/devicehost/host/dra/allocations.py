@@ -98,11 +98,8 @@ class AllocationWatch:
         before = self.held.pop(key, {})
         for resource in before.keys() | wanted.keys():
             attached = self._resources.get(resource)
-            if attached is None:
-                continue
-            gone = set(before.get(resource, ())) - set(wanted.get(resource, ()))
-            attached.server.table.hold(holder, DRA, gone, False)
-            attached.server.table.hold(holder, DRA, wanted.get(resource, ()))
+            if attached is not None:
+                attached.server.table.set_held(holder, DRA, wanted.get(resource, ()))
         if wanted:
             self.held[key] = wanted
 

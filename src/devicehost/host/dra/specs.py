@@ -67,10 +67,13 @@ class ClaimSpecs:
         kind = self.kind(uid)
         device_names = [names.cdi_device_name(r.asked.name, r.resource) for r in requests]
         edits = [cdi.edits_from_allocation(allocation) for allocation in given]
-        spec_devices = [cdi.Device(n, e) for n, e in zip(device_names, edits, strict=True) if e.to_dict()]
+        spec_devices: list[cdi.Device] = []
         devices: list[PreparedDevice] = []
         for request, allocation, name, edit in zip(requests, given, device_names, edits, strict=True):
-            ids = (*allocation.cdi_devices, f"{kind}={name}") if edit.to_dict() else allocation.cdi_devices
+            ids = tuple(allocation.cdi_devices)
+            if edit.to_dict():  # the hook's edits become a device of the claim's spec
+                spec_devices.append(cdi.Device(name, edit))
+                ids = (*ids, f"{kind}={name}")
             first = replace(request.planned[0], cdi_ids=tuple(dict.fromkeys(ids)))  # each ID once
             devices.extend((first, *request.planned[1:]))
         if not spec_devices:

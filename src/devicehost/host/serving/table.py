@@ -76,6 +76,10 @@ class DeviceTable:
         inventory = self.inventory
         self._held(lambda: inventory.add(holder, side, ids) if holding else inventory.discard(holder, ids))
 
+    def set_held(self, holder: str, side: Side, ids: Iterable[str]) -> None:
+        """``holder`` holds exactly ``ids`` through ``side`` (none: nothing), in one change."""
+        self._held(lambda: self.inventory.set(holder, side, ids))
+
     @contextlib.contextmanager
     def allocating(self, ids: Sequence[str], now: float) -> Iterator[None]:
         """Allocate gives ``ids`` out at ``now``: held while its hooks run and after, unless it fails."""
