@@ -4,12 +4,11 @@ device, CDI IDs, share ID only for a share) or its one error, and every call obs
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import AsyncIterator, Iterable, Sequence
-from pathlib import Path
 
 import grpc
 import pytest
+from unixgrpc import channel_to
 
 from devicehost.host.dra.checkpoint import PreparedClaim, PreparedDevice
 from devicehost.host.dra.servicer import ClaimRef, DraPluginServicer
@@ -51,13 +50,8 @@ async def served() -> AsyncIterator[tuple[Calls, api_pb2_grpc.DRAPluginStub]]:
     api_pb2_grpc.add_DRAPluginServicer_to_server(
         DraPluginServicer(calls.prepare, calls.unprepare, calls.observe), server
     )
-    with tempfile.TemporaryDirectory(prefix="dh-servicer", dir="/tmp") as tmp:  # a short socket path
-        address = f"unix://{Path(tmp) / 'dra.sock'}"
-        server.add_insecure_port(address)
-        await server.start()
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield calls, api_pb2_grpc.DRAPluginStub(channel)
-        await server.stop(None)
+    async with channel_to(server) as channel:
+        yield calls, api_pb2_grpc.DRAPluginStub(channel)
 
 
 CLAIMS = [

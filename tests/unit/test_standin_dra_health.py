@@ -6,13 +6,12 @@ event; each device's reported health, news only when it changes, in the pod's
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
+from unixgrpc import channel_to
 from waiting import eventually
 
 from devicehost.proto.drahealth.v1 import api_pb2, api_pb2_grpc
@@ -57,15 +56,10 @@ async def test_a_stream_that_ends_is_opened_again_and_each_change_is_news() -> N
     server = grpc.aio.server()
     api_pb2_grpc.add_DRAResourceHealthServicer_to_server(driver, server)
     events: list[tuple[EventKind, str, str]] = []
-    with tempfile.TemporaryDirectory(prefix="dh-health", dir="/tmp") as tmp:
-        address = f"unix://{Path(tmp) / 'dra.sock'}"
-        server.add_insecure_port(address)
-        await server.start()
-        async with grpc.aio.insecure_channel(address) as channel:
-            watch = HealthWatch(DRIVER, channel, HEALTH_V1, lambda *e: events.append(e), retry=0.05)
-            await eventually(lambda: len(events) == 3, "the failure and two changes said", within=10)
-            await watch.stop()
-        await server.stop(None)
+    async with channel_to(server) as channel:
+        watch = HealthWatch(DRIVER, channel, HEALTH_V1, lambda *e: events.append(e), retry=0.05)
+        await eventually(lambda: len(events) == 3, "the failure and two changes said", within=10)
+        await watch.stop()
     assert (driver.opened, watch.failures) == (2, 1)
     assert events == [
         (EventKind.HEALTH_FAILED, DRIVER, f"{HEALTH_V1}: stream ended"),
@@ -89,15 +83,10 @@ async def test_a_stream_that_ends_is_opened_again_and_each_change_is_news() -> N
 async def test_a_driver_without_the_service_is_tried_again_every_retry() -> None:
     server = grpc.aio.server()  # serves nothing
     events: list[tuple[EventKind, str, str]] = []
-    with tempfile.TemporaryDirectory(prefix="dh-health", dir="/tmp") as tmp:
-        address = f"unix://{Path(tmp) / 'dra.sock'}"
-        server.add_insecure_port(address)
-        await server.start()
-        async with grpc.aio.insecure_channel(address) as channel:
-            watch = HealthWatch(DRIVER, channel, HEALTH_V1, lambda *e: events.append(e), retry=0.05)
-            await eventually(lambda: watch.failures >= 2, "tried again", within=10)
-            await watch.stop()
-        await server.stop(None)
+    async with channel_to(server) as channel:
+        watch = HealthWatch(DRIVER, channel, HEALTH_V1, lambda *e: events.append(e), retry=0.05)
+        await eventually(lambda: watch.failures >= 2, "tried again", within=10)
+        await watch.stop()
     kind, driver, message = events[0]
     assert (kind, driver) == (EventKind.HEALTH_FAILED, DRIVER)
     assert message.startswith(f"{HEALTH_V1}: rpc error: code = UNIMPLEMENTED")
